@@ -1,0 +1,104 @@
+# minidl -- build the C core and the Python extension, run the tests.
+#
+#   make            the Python extension, in place (same as `make ext`)
+#   make lib        build/lib/libminidl.{so,a}, build/include/minidl.h, build/lib/pkgconfig/minidl.pc
+#   make install PREFIX=/usr/local   install the library, header and minidl.pc
+#   make test       everything, then the C API test (via pkg-config) and pytest
+#   make sanitize   the C test and a pytest subset under AddressSanitizer + UBSan
+#   make bench      the benchmarks under bench/
+PYTHON  ?= python3
+CC      ?= gcc
+PREFIX  ?= /usr/local
+BUILD   := build
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+
+CFLAGS_COMMON := -std=c11 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -Iinclude
+OPT           := -O3
+AVX2_FLAGS    := -mavx2 -mfma -Wa,-mbranches-within-32B-boundaries
+SAN_FLAGS     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
+SRCS := $(wildcard src_c/*.c)
+HDRS := $(wildcard src_c/*.h) include/minidl.h
+OBJS := $(patsubst src_c/%.c,$(BUILD)/obj/%.o,$(SRCS))
+SAN_OBJS := $(patsubst src_c/%.c,$(BUILD)/asan/%.o,$(SRCS))
+
+.PHONY: all ext lib install test test-c test-py sanitize bench clean
+all: ext
+
+ext:
+	$(PYTHON) setup.py -q build_ext --inplace
+
+# ---- the C library -------------------------------------------------------------------
+flags_for = $(if $(filter %_avx2.c,$(1)),$(AVX2_FLAGS))
+
+$(BUILD)/obj/%.o: src_c/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(OPT) $(call flags_for,$<) -c $< -o $@
+
+$(BUILD)/lib/libminidl.so: $(OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fopenmp -Wl,-soname,libminidl.so -o $@ $^ -lm
+
+$(BUILD)/lib/libminidl.a: $(OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/include/minidl.h: include/minidl.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(BUILD)/lib/pkgconfig/minidl.pc: minidl.pc.in pyproject.toml
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+lib: $(BUILD)/lib/libminidl.so $(BUILD)/lib/libminidl.a $(BUILD)/include/minidl.h $(BUILD)/lib/pkgconfig/minidl.pc
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 644 $(BUILD)/include/minidl.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(BUILD)/lib/libminidl.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(BUILD)/lib/libminidl.a $(DESTDIR)$(PREFIX)/lib/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' minidl.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/minidl.pc
+
+# ---- tests ---------------------------------------------------------------------------
+STAGE := $(abspath $(BUILD)/stage)
+
+# The C API test: built only from the installed header and library, found by pkg-config.
+test-c: lib
+	$(MAKE) --no-print-directory install PREFIX=$(STAGE)
+	$(CC) -std=c11 -Wall -Wextra tests/c/test_capi.c -o $(BUILD)/test_capi \
+	    $$(PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig pkg-config --cflags --libs minidl) -lm
+	LD_LIBRARY_PATH=$(STAGE)/lib $(BUILD)/test_capi
+	$(CC) -std=c11 -Wall -Wextra tests/c/test_capi.c -o $(BUILD)/test_capi_static \
+	    $$(PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig pkg-config --static --cflags minidl) \
+	    $(STAGE)/lib/libminidl.a $$(PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig pkg-config --static --libs-only-other minidl) -lm
+	$(BUILD)/test_capi_static
+
+test-py: ext
+	$(PYTHON) -m pytest -q tests
+
+test: test-c test-py
+
+# ---- sanitizers ----------------------------------------------------------------------
+$(BUILD)/asan/%.o: src_c/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(call flags_for,$<) -c $< -o $@
+
+ASAN_RT := $(shell $(CC) -print-file-name=libasan.so)
+UBSAN_RT := $(shell $(CC) -print-file-name=libubsan.so)
+SAN_PY  := $(abspath $(BUILD)/asan-py)
+
+sanitize: $(SAN_OBJS)
+	$(CC) -std=c11 $(SAN_FLAGS) -Iinclude tests/c/test_capi.c $(SAN_OBJS) -fopenmp -lm -o $(BUILD)/test_capi_asan
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
+	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
+	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
+	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
+	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not slow" .
+
+bench: ext
+	$(PYTHON) bench/bench_gemm.py
+
+clean:
+	rm -rf $(BUILD) minidl/_C.c minidl/*.so minidl/lib minidl/include

@@ -1,0 +1,279 @@
+/*
+ * minidl.h -- the public C API of the minidl core.
+ *
+ * Overview
+ * --------
+ * Plain C kernels for training convolutional nets on the CPU: SGEMM, 2-D
+ * convolution, pooling, ReLU, BatchNorm, linear layers, softmax
+ * cross-entropy, dropout and optimizer steps.  Every kernel works on raw
+ * float32 pointers in NCHW layout with explicit shapes, has a forward and a
+ * backward, and comes in two versions: a plain scalar reference and an
+ * AVX2+FMA version, chosen at run time from CPU feature detection.
+ *
+ * Conventions
+ * -----------
+ *  - Every function that can fail returns an mdl_status; MDL_OK is 0.  On
+ *    failure mdl_last_error() returns a message (per thread) naming the bad
+ *    argument.  The library never aborts, exits or prints.
+ *  - Sizes are int64_t; tensors are dense and row-major (C order).
+ *  - Gradients of inputs (dx) are overwritten.  Gradients of parameters (dw,
+ *    db, dgamma, dbeta) are overwritten when `accumulate` is 0 and added to
+ *    when it is 1.
+ *  - Functions that need scratch memory take (workspace, workspace_bytes)
+ *    and say how much with a *_workspace_size() function.  Passing NULL makes
+ *    the call allocate (and free) its own scratch memory; a non-NULL
+ *    workspace that is too small is an error (MDL_ERR_WORKSPACE).
+ *  - Threads: OpenMP, count from mdl_set_num_threads() or the environment
+ *    variable MINIDL_NUM_THREADS; by default the cores this process may use.
+ *  - SIMD: the best available version is used unless mdl_set_simd() or the
+ *    environment variable MINIDL_SIMD (scalar | avx2) asks otherwise.
+ *
+ * Example
+ * -------
+ *     #include <minidl.h>
+ *     float a[2*3] = {1,2,3,4,5,6}, b[3*2] = {1,0,0,1,1,1}, c[2*2];
+ *     if (mdl_sgemm(0, 0, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2, NULL, 0) != MDL_OK)
+ *         fprintf(stderr, "minidl: %s\n", mdl_last_error());
+ *
+ * Link with `pkg-config --cflags --libs minidl`, or with the copy installed
+ * alongside the Python package: `python -m minidl --cflags --libs`.
+ */
+#ifndef MINIDL_H
+#define MINIDL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  define MDL_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#  define MDL_API __attribute__((visibility("default")))
+#else
+#  define MDL_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MDL_VERSION_MAJOR 0
+#define MDL_VERSION_MINOR 1
+#define MDL_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Status, errors, version                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum mdl_status {
+    MDL_OK = 0,
+    MDL_ERR_ARG = 1,         /* invalid argument: NULL pointer, bad size or shape */
+    MDL_ERR_WORKSPACE = 2,   /* the workspace given is smaller than required */
+    MDL_ERR_ALLOC = 3,       /* out of memory */
+    MDL_ERR_UNSUPPORTED = 4  /* not available on this CPU or in this build */
+} mdl_status;
+
+/* A constant string naming the status ("ok", "invalid argument", ...). */
+MDL_API const char *mdl_status_string(mdl_status status);
+/* The message of the last failed call on this thread ("" if none). */
+MDL_API const char *mdl_last_error(void);
+/* The library version, "MAJOR.MINOR.PATCH". */
+MDL_API const char *mdl_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Threads and SIMD dispatch                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* n >= 1 sets the thread count; n == 0 restores the default. */
+MDL_API mdl_status mdl_set_num_threads(int n);
+MDL_API int mdl_get_num_threads(void);
+
+typedef enum mdl_simd {
+    MDL_SIMD_SCALAR = 0,     /* plain C reference kernels */
+    MDL_SIMD_AVX2 = 1        /* AVX2 + FMA kernels */
+} mdl_simd;
+
+/* The best level this CPU supports. */
+MDL_API mdl_simd mdl_cpu_simd(void);
+/* Select the kernels to use; MDL_ERR_UNSUPPORTED if the CPU lacks the level. */
+MDL_API mdl_status mdl_set_simd(mdl_simd level);
+MDL_API mdl_simd mdl_get_simd(void);
+
+/* ------------------------------------------------------------------------ */
+/* SGEMM                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major.
+ * op(A) is A (m x k, leading dimension lda) or, with trans_a, A^T where A is
+ * k x m.  Likewise for B.  beta == 0 overwrites C without reading it. */
+MDL_API size_t mdl_sgemm_workspace_size(int64_t m, int64_t n, int64_t k);
+MDL_API mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float *a, int64_t lda,
+                             const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc,
+                             void *workspace, size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------ */
+/* 2-D convolution (cross-correlation, as in PyTorch)                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct mdl_conv2d_shape {
+    int64_t n, c_in, h, w;          /* input x:  (n, c_in, h, w) */
+    int64_t c_out, kh, kw;          /* weight w: (c_out, c_in, kh, kw) */
+    int64_t stride_h, stride_w;     /* >= 1 */
+    int64_t pad_h, pad_w;           /* >= 0, zero padding */
+} mdl_conv2d_shape;
+
+/* Output y: (n, c_out, h_out, w_out), h_out = (h + 2 pad_h - kh) / stride_h + 1. */
+MDL_API mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s,
+                                          int64_t *h_out, int64_t *w_out);
+/* Scratch bytes needed by forward, backward_data and backward_weights. */
+MDL_API size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s);
+/* y = conv(x, w) + bias; bias (c_out) may be NULL. */
+MDL_API mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x,
+                                      const float *w, const float *bias, float *y,
+                                      void *workspace, size_t workspace_bytes);
+/* dx = conv_transpose(dy, w), overwritten. */
+MDL_API mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
+                                            const float *w, float *dx,
+                                            void *workspace, size_t workspace_bytes);
+/* dw (c_out, c_in, kh, kw) = or += correlation of x with dy. */
+MDL_API mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
+                                               const float *dy, float *dw, int accumulate,
+                                               void *workspace, size_t workspace_bytes);
+/* db (c_out) = or += sum of dy over n, h_out, w_out. */
+MDL_API mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
+                                            float *db, int accumulate);
+
+/* ------------------------------------------------------------------------ */
+/* Pooling                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct mdl_pool2d_shape {
+    int64_t n, c, h, w;             /* input x: (n, c, h, w) */
+    int64_t kh, kw;                 /* window, >= 1 */
+    int64_t stride_h, stride_w;     /* >= 1 */
+    int64_t pad_h, pad_w;           /* 0 <= pad <= kernel / 2 */
+    int ceil_mode;                  /* round output size up instead of down */
+} mdl_pool2d_shape;
+
+/* Output (n, c, h_out, w_out) with PyTorch's rule: in ceil mode the last
+ * window must start inside the input or its left padding. */
+MDL_API mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s,
+                                          int64_t *h_out, int64_t *w_out);
+/* Max over each window; padding never wins; NaN propagates; ties go to the
+ * first element in row-major window order. */
+MDL_API mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
+/* dx = scatter of dy to each window's maximum, recomputed from x. */
+MDL_API mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
+                                           const float *dy, float *dx);
+/* Mean over each window counting padding (count_include_pad=True). */
+MDL_API mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
+MDL_API mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx);
+
+/* y (n, c) = mean of x (n, c, h, w) over h and w. */
+MDL_API mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                 const float *x, float *y);
+/* dx (n, c, h, w) = dy (n, c) / (h * w). */
+MDL_API mdl_status mdl_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                  const float *dy, float *dx);
+
+/* ------------------------------------------------------------------------ */
+/* Elementwise: ReLU, add, dropout                                           */
+/* ------------------------------------------------------------------------ */
+
+/* y[i] = max(x[i], 0) (NaN stays NaN); y may equal x. */
+MDL_API mdl_status mdl_relu_forward(int64_t count, const float *x, float *y);
+/* dx[i] = x[i] > 0 ? dy[i] : 0; dx may equal dy. */
+MDL_API mdl_status mdl_relu_backward(int64_t count, const float *x, const float *dy, float *dx);
+/* y[i] = a[i] + b[i]; y may equal a or b. */
+MDL_API mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y);
+
+/* Inverted dropout: element i is kept when a counter-based hash of
+ * (seed, i) maps to u >= p, and kept elements are scaled by 1 / (1 - p).
+ * The mask is a pure function of (seed, i), so the backward recomputes it
+ * and the result does not depend on the thread count.  0 <= p < 1. */
+MDL_API mdl_status mdl_dropout_forward(int64_t count, float p, uint64_t seed,
+                                       const float *x, float *y);
+MDL_API mdl_status mdl_dropout_backward(int64_t count, float p, uint64_t seed,
+                                        const float *dy, float *dx);
+
+/* ------------------------------------------------------------------------ */
+/* BatchNorm2d over (n, c, hw): statistics per channel                       */
+/* ------------------------------------------------------------------------ */
+
+/* Training: normalise with the batch mean and biased variance, write
+ * save_mean and save_invstd = 1 / sqrt(var + eps) (c each), and, if
+ * running_mean and running_var are not NULL, update them in place:
+ * r = (1 - momentum) r + momentum * stat, with the unbiased variance. */
+MDL_API mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw,
+                                                const float *x, const float *gamma,
+                                                const float *beta, float eps, float momentum,
+                                                float *running_mean, float *running_var,
+                                                float *y, float *save_mean, float *save_invstd);
+/* Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta. */
+MDL_API mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw,
+                                                const float *x, const float *gamma,
+                                                const float *beta, const float *running_mean,
+                                                const float *running_var, float eps, float *y);
+/* Backward of the training forward: dx overwritten; dgamma, dbeta (c) = or +=. */
+MDL_API mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw,
+                                           const float *x, const float *gamma, const float *dy,
+                                           const float *save_mean, const float *save_invstd,
+                                           float *dx, float *dgamma, float *dbeta,
+                                           int accumulate);
+
+/* ------------------------------------------------------------------------ */
+/* Fully connected: y (n, out) = x (n, in) @ w^T + b, w is (out, in)         */
+/* ------------------------------------------------------------------------ */
+
+MDL_API size_t mdl_linear_workspace_size(int64_t n, int64_t in, int64_t out);
+/* b (out) may be NULL. */
+MDL_API mdl_status mdl_linear_forward(int64_t n, int64_t in, int64_t out, const float *x,
+                                      const float *w, const float *b, float *y,
+                                      void *workspace, size_t workspace_bytes);
+/* dx (n, in) = dy @ w, overwritten. */
+MDL_API mdl_status mdl_linear_backward_data(int64_t n, int64_t in, int64_t out,
+                                            const float *dy, const float *w, float *dx,
+                                            void *workspace, size_t workspace_bytes);
+/* dw (out, in) = or += dy^T @ x; db (out) = or += sum of dy over n (db may be NULL). */
+MDL_API mdl_status mdl_linear_backward_weights(int64_t n, int64_t in, int64_t out,
+                                               const float *x, const float *dy, float *dw,
+                                               float *db, int accumulate,
+                                               void *workspace, size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Loss                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Softmax cross-entropy with integer labels in [0, classes), mean over the
+ * batch (log-sum-exp with the row maximum subtracted).  *loss receives the
+ * mean; dlogits (n, classes), if not NULL, receives (softmax - onehot) / n. */
+MDL_API mdl_status mdl_softmax_cross_entropy(int64_t n, int64_t classes, const float *logits,
+                                             const int64_t *labels, float *loss,
+                                             float *dlogits);
+
+/* ------------------------------------------------------------------------ */
+/* Optimizers (one step, in place, PyTorch's torch.optim semantics)          */
+/* ------------------------------------------------------------------------ */
+
+/* SGD: g = grad + weight_decay * param; with momentum != 0:
+ * buf = g on the first step, else momentum * buf + (1 - dampening) * g;
+ * g = nesterov ? g + momentum * buf : buf.  param -= lr * g.
+ * momentum_buf (count) may be NULL only when momentum == 0. */
+MDL_API mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad,
+                                float *momentum_buf, float lr, float momentum,
+                                float dampening, float weight_decay, int nesterov,
+                                int first_step);
+/* Adam (decoupled == 0) and AdamW (decoupled == 1).  step is the 1-based
+ * index of this step.  Adam adds weight_decay * param to the gradient;
+ * AdamW multiplies param by (1 - lr * weight_decay) first. */
+MDL_API mdl_status mdl_adam_step(int64_t count, float *param, const float *grad,
+                                 float *exp_avg, float *exp_avg_sq, int64_t step, float lr,
+                                 float beta1, float beta2, float eps, float weight_decay,
+                                 int decoupled);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MINIDL_H */

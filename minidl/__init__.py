@@ -1,0 +1,31 @@
+"""minidl: a minimal deep-learning training runtime on hand-written C kernels.
+
+``minidl.ops`` is the functional API (NumPy float32 arrays in and out, NCHW).
+``get_include()`` and ``get_library_dir()`` locate the C header and the
+libminidl shared/static libraries installed with this package, so that C
+programs can link the same core (``python -m minidl --cflags --libs``).
+"""
+import os
+
+from minidl import _C
+from minidl._C import (cpu_simd, get_num_threads, get_simd, set_num_threads,  # noqa: F401
+                       set_simd)
+
+__version__ = _C.version()
+__all__ = ["ops", "get_include", "get_library_dir", "set_num_threads", "get_num_threads",
+           "set_simd", "get_simd", "cpu_simd", "__version__"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_include() -> str:
+    """The directory holding ``minidl.h``."""
+    return os.path.join(_HERE, "include")
+
+
+def get_library_dir() -> str:
+    """The directory holding ``libminidl.so`` and ``libminidl.a``."""
+    return os.path.join(_HERE, "lib")
+
+
+from minidl import ops  # noqa: E402,F401

@@ -1,0 +1,113 @@
+/* act.c -- elementwise ops: ReLU, add, dropout.  Scalar references here;
+ * AVX2 versions in act_avx2.c.  All overwrite their output. */
+#include "common.h"
+#include "act.h"
+
+#define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
+
+/* ---- scalar references ---------------------------------------------------- */
+
+/* y[count] = max(x, 0); NaN stays NaN */
+void mdl_relu_forward_scalar(int64_t lo, int64_t hi, const float *x, float *y)
+{
+    for (int64_t i = lo; i < hi; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
+/* dx[count] = x > 0 ? dy : 0 */
+void mdl_relu_backward_scalar(int64_t lo, int64_t hi, const float *x, const float *dy, float *dx)
+{
+    for (int64_t i = lo; i < hi; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+/* y[count] = a + b */
+void mdl_add_scalar(int64_t lo, int64_t hi, const float *a, const float *b, float *y)
+{
+    for (int64_t i = lo; i < hi; i++) y[i] = a[i] + b[i];
+}
+
+/* y[count] = keep(seed, i) ? x * scale : 0 */
+void mdl_dropout_scalar(int64_t lo, int64_t hi, uint32_t threshold, float scale, uint64_t seed,
+                        const float *x, float *y)
+{
+    for (int64_t i = lo; i < hi; i++)
+        y[i] = (mdl_dropout_hash(seed, i) >> 8) >= threshold ? x[i] * scale : 0.0f;
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+/* Split [0, count) into one contiguous range per thread. */
+#define SPLIT(count, body)                                              \
+    do {                                                                \
+        int nt = mdl_threads_for((double)(count));                      \
+        PAR_FOR                                                         \
+        for (int t = 0; t < nt; t++) {                                  \
+            int64_t lo = (count) * t / nt, hi = (count) * (t + 1) / nt; \
+            body;                                                       \
+        }                                                               \
+    } while (0)
+
+mdl_status mdl_relu_forward(int64_t count, const float *x, float *y)
+{
+    MDL_CHECK_NONNEG(count);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(y);
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_relu_forward_avx2(lo, hi, x, y);
+                 else mdl_relu_forward_scalar(lo, hi, x, y));
+    return MDL_OK;
+}
+
+mdl_status mdl_relu_backward(int64_t count, const float *x, const float *dy, float *dx)
+{
+    MDL_CHECK_NONNEG(count);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(dx);
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_relu_backward_avx2(lo, hi, x, dy, dx);
+                 else mdl_relu_backward_scalar(lo, hi, x, dy, dx));
+    return MDL_OK;
+}
+
+mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y)
+{
+    MDL_CHECK_NONNEG(count);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK_PTR(a);
+    MDL_CHECK_PTR(b);
+    MDL_CHECK_PTR(y);
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_add_avx2(lo, hi, a, b, y);
+                 else mdl_add_scalar(lo, hi, a, b, y));
+    return MDL_OK;
+}
+
+static mdl_status dropout(const char *fn, int64_t count, float p, uint64_t seed,
+                          const float *x, float *y)
+{
+    MDL_CHECK(count >= 0, "%s: count must be >= 0, got %lld", fn, (long long)count);
+    MDL_CHECK(p >= 0.0f && p < 1.0f, "%s: p must be in [0, 1), got %g", fn, (double)p);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK(x != NULL && y != NULL, "%s: input and output must not be NULL", fn);
+    /* keep iff 24-bit hash >= ceil(p * 2^24): P(keep) = 1 - p up to 2^-24 */
+    uint32_t threshold = (uint32_t)((double)p * 16777216.0);
+    if ((double)threshold < (double)p * 16777216.0) threshold++;
+    float scale = 1.0f / (1.0f - p);
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_dropout_avx2(lo, hi, threshold, scale, seed, x, y);
+                 else mdl_dropout_scalar(lo, hi, threshold, scale, seed, x, y));
+    return MDL_OK;
+}
+
+mdl_status mdl_dropout_forward(int64_t count, float p, uint64_t seed, const float *x, float *y)
+{
+    return dropout("mdl_dropout_forward", count, p, seed, x, y);
+}
+
+/* The mask and scale are the forward's, so the backward is the same map applied to dy. */
+mdl_status mdl_dropout_backward(int64_t count, float p, uint64_t seed, const float *dy, float *dx)
+{
+    return dropout("mdl_dropout_backward", count, p, seed, dy, dx);
+}

@@ -1,0 +1,48 @@
+/* common.h -- internal helpers shared by the kernel files (not installed). */
+#ifndef MDL_COMMON_H
+#define MDL_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "minidl.h"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#  define MDL_X86 1
+#else
+#  define MDL_X86 0
+#endif
+
+/* Record `status` with a printf-style message for mdl_last_error() and
+ * return it.  Use as: return mdl_error(MDL_ERR_ARG, "n must be >= 0, got %lld", n); */
+mdl_status mdl_error(mdl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Argument checks: return MDL_ERR_ARG with a message from the enclosing function. */
+#define MDL_CHECK(cond, ...)                                   \
+    do {                                                       \
+        if (!(cond)) return mdl_error(MDL_ERR_ARG, __VA_ARGS__); \
+    } while (0)
+#define MDL_CHECK_PTR(p) MDL_CHECK((p) != NULL, "%s: %s must not be NULL", __func__, #p)
+#define MDL_CHECK_NONNEG(v) \
+    MDL_CHECK((v) >= 0, "%s: %s must be >= 0, got %lld", __func__, #v, (long long)(v))
+#define MDL_CHECK_POS(v) \
+    MDL_CHECK((v) >= 1, "%s: %s must be >= 1, got %lld", __func__, #v, (long long)(v))
+
+/* True when the AVX2+FMA kernels are selected. */
+int mdl_use_avx2(void);
+/* Threads to use for a region doing `work` scalar operations: 1 for small
+ * work (a parallel region costs more than it saves), else the configured count. */
+int mdl_threads_for(double work);
+int mdl_num_threads(void);
+
+/* Scratch memory: if `ws` is NULL, allocate `need` bytes into *owned (freed
+ * by the caller with mdl_free); otherwise check that ws_bytes >= need.
+ * The returned pointer is aligned to 64 bytes.  `need` must come from the
+ * op's *_workspace_size function, which includes MDL_WS_SLACK. */
+#define MDL_WS_SLACK 64
+mdl_status mdl_workspace(const char *fn, void *ws, size_t ws_bytes, size_t need,
+                         void **owned, float **out);
+void *mdl_alloc(size_t bytes); /* 64-byte aligned, NULL on failure */
+void mdl_free(void *p);
+
+#endif /* MDL_COMMON_H */

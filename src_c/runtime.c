@@ -1,0 +1,164 @@
+/* runtime.c -- status strings, per-thread error messages, thread count, SIMD dispatch. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#  include <sched.h>
+#endif
+#ifdef _OPENMP
+#  include <omp.h>
+#endif
+#include "common.h"
+
+#define MDL_STR2(x) #x
+#define MDL_STR(x) MDL_STR2(x)
+
+static _Thread_local char last_error[512];
+
+const char *mdl_version(void)
+{
+    return MDL_STR(MDL_VERSION_MAJOR) "." MDL_STR(MDL_VERSION_MINOR) "." MDL_STR(MDL_VERSION_PATCH);
+}
+
+const char *mdl_status_string(mdl_status status)
+{
+    switch (status) {
+    case MDL_OK: return "ok";
+    case MDL_ERR_ARG: return "invalid argument";
+    case MDL_ERR_WORKSPACE: return "workspace too small";
+    case MDL_ERR_ALLOC: return "out of memory";
+    case MDL_ERR_UNSUPPORTED: return "unsupported";
+    }
+    return "unknown status";
+}
+
+const char *mdl_last_error(void) { return last_error; }
+
+mdl_status mdl_error(mdl_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+static int requested_threads; /* 0: not yet decided */
+
+static int default_threads(void)
+{
+    const char *env = getenv("MINIDL_NUM_THREADS");
+    if (env && *env) {
+        char *end;
+        long n = strtol(env, &end, 10);
+        if (*end == '\0' && n >= 1 && n <= 4096) return (int)n;
+    }
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n >= 1) return n;
+    }
+#endif
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+mdl_status mdl_set_num_threads(int n)
+{
+    if (n < 0) return mdl_error(MDL_ERR_ARG, "mdl_set_num_threads: n must be >= 0, got %d", n);
+    __atomic_store_n(&requested_threads, n == 0 ? default_threads() : n, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
+int mdl_num_threads(void)
+{
+    int n = __atomic_load_n(&requested_threads, __ATOMIC_RELAXED);
+    if (n == 0) {
+        n = default_threads();
+        __atomic_store_n(&requested_threads, n, __ATOMIC_RELAXED);
+    }
+#ifndef _OPENMP
+    n = 1;
+#endif
+    return n;
+}
+
+int mdl_get_num_threads(void) { return mdl_num_threads(); }
+
+int mdl_threads_for(double work)
+{
+    /* Below ~64k operations a parallel region costs more than it saves. */
+    return work < 65536.0 ? 1 : mdl_num_threads();
+}
+
+/* ---- SIMD dispatch --------------------------------------------------------- */
+
+static int simd_level = -1; /* -1: not yet decided */
+
+mdl_simd mdl_cpu_simd(void)
+{
+#if MDL_X86 && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MDL_SIMD_AVX2;
+#endif
+    return MDL_SIMD_SCALAR;
+}
+
+mdl_status mdl_set_simd(mdl_simd level)
+{
+    if (level != MDL_SIMD_SCALAR && level != MDL_SIMD_AVX2)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_simd: unknown level %d", (int)level);
+    if (level > mdl_cpu_simd())
+        return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_set_simd: this CPU (or build) lacks AVX2+FMA");
+    __atomic_store_n(&simd_level, (int)level, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
+mdl_simd mdl_get_simd(void)
+{
+    int level = __atomic_load_n(&simd_level, __ATOMIC_RELAXED);
+    if (level < 0) {
+        level = (int)mdl_cpu_simd();
+        const char *env = getenv("MINIDL_SIMD");
+        if (env && strcmp(env, "scalar") == 0) level = MDL_SIMD_SCALAR;
+        __atomic_store_n(&simd_level, level, __ATOMIC_RELAXED);
+    }
+    return (mdl_simd)level;
+}
+
+int mdl_use_avx2(void) { return mdl_get_simd() == MDL_SIMD_AVX2; }
+
+/* ---- memory --------------------------------------------------------------- */
+
+void *mdl_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+void mdl_free(void *p) { free(p); }
+
+mdl_status mdl_workspace(const char *fn, void *ws, size_t ws_bytes, size_t need,
+                         void **owned, float **out)
+{
+    *owned = NULL;
+    if (ws == NULL) {
+        ws = *owned = mdl_alloc(need);
+        if (!ws) return mdl_error(MDL_ERR_ALLOC, "%s: cannot allocate %zu bytes of workspace", fn, need);
+        ws_bytes = need;
+    } else if (ws_bytes < need) {
+        return mdl_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn, ws_bytes, need);
+    }
+    uintptr_t p = ((uintptr_t)ws + 63) & ~(uintptr_t)63;
+    *out = (float *)p;
+    return MDL_OK;
+}

@@ -1,0 +1,162 @@
+/* test_capi.c -- uses minidl only through its public header and library:
+ * runs a GEMM and a convolution (forward and backward) on both kernel
+ * versions and checks them against plain loops, then checks that bad
+ * arguments come back as a status and a message.  Exit status 0 = pass. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <minidl.h>
+
+static int failures;
+
+#define EXPECT(cond, ...)                                  \
+    do {                                                   \
+        if (!(cond)) {                                     \
+            failures++;                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
+            printf(__VA_ARGS__);                           \
+            printf("\n");                                  \
+        }                                                  \
+    } while (0)
+
+static float frand(unsigned *state)
+{
+    *state = *state * 1664525u + 1013904223u;
+    return (float)((*state >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static double max_rel_err(const float *got, const double *want, size_t n)
+{
+    double err = 0, scale = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]);
+        if (d > err || d != d) err = d != d ? INFINITY : d;
+        if (fabs(want[i]) > scale) scale = fabs(want[i]);
+    }
+    return err / scale;
+}
+
+static void test_gemm(const char *level)
+{
+    enum { M = 37, N = 53, K = 71 };
+    static float a[K * M], b[N * K], c[M * N];
+    static double want[M * N];
+    unsigned s = 1;
+    for (int i = 0; i < K * M; i++) a[i] = frand(&s);
+    for (int i = 0; i < N * K; i++) b[i] = frand(&s);
+    for (int i = 0; i < M * N; i++) c[i] = frand(&s);
+    /* C = 0.5 * A^T B^T + 2 C, A stored k x m, B stored n x k */
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int p = 0; p < K; p++) acc += (double)a[p * M + i] * b[j * K + p];
+            want[i * N + j] = 0.5 * acc + 2.0 * c[i * N + j];
+        }
+    mdl_status st = mdl_sgemm(1, 1, M, N, K, 0.5f, a, M, b, K, 2.0f, c, N, NULL, 0);
+    EXPECT(st == MDL_OK, "[%s] mdl_sgemm: %s", level, mdl_last_error());
+    double err = max_rel_err(c, want, M * N);
+    EXPECT(err < 1e-5, "[%s] gemm relative error %g", level, err);
+}
+
+static void test_conv(const char *level)
+{
+    const mdl_conv2d_shape s = {.n = 2, .c_in = 3, .h = 9, .w = 8, .c_out = 5, .kh = 3, .kw = 2,
+                                .stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 1};
+    int64_t ho = 0, wo = 0;
+    mdl_status st = mdl_conv2d_output_size(&s, &ho, &wo);
+    EXPECT(st == MDL_OK && ho == 5 && wo == 9, "[%s] output size %lldx%lld", level,
+           (long long)ho, (long long)wo);
+    if (st != MDL_OK) return;
+    size_t nx = 2 * 3 * 9 * 8, nw = 5 * 3 * 3 * 2, ny = (size_t)(2 * 5 * ho * wo);
+    float *x = malloc(nx * sizeof *x), *w = malloc(nw * sizeof *w), *bias = malloc(5 * sizeof *bias);
+    float *y = malloc(ny * sizeof *y), *dy = malloc(ny * sizeof *dy), *dx = malloc(nx * sizeof *dx);
+    float *dw = malloc(nw * sizeof *dw), *db = malloc(5 * sizeof *db);
+    double *ry = calloc(ny, sizeof *ry), *rdx = calloc(nx, sizeof *rdx);
+    double *rdw = calloc(nw, sizeof *rdw), *rdb = calloc(5, sizeof *rdb);
+    unsigned r = 7;
+    for (size_t i = 0; i < nx; i++) x[i] = frand(&r);
+    for (size_t i = 0; i < nw; i++) w[i] = frand(&r);
+    for (size_t i = 0; i < ny; i++) dy[i] = frand(&r);
+    for (int i = 0; i < 5; i++) bias[i] = frand(&r);
+    /* plain loops: forward, and the three gradients, at once */
+    for (int n = 0; n < 2; n++)
+        for (int co = 0; co < 5; co++)
+            for (int oh = 0; oh < ho; oh++)
+                for (int ow = 0; ow < wo; ow++) {
+                    size_t yi = ((size_t)(n * 5 + co) * ho + oh) * wo + ow;
+                    double acc = bias[co];
+                    rdb[co] += dy[yi];
+                    for (int ci = 0; ci < 3; ci++)
+                        for (int i = 0; i < 3; i++)
+                            for (int j = 0; j < 2; j++) {
+                                int ih = oh * 2 - 1 + i, iw = ow - 1 + j;
+                                if (ih < 0 || ih >= 9 || iw < 0 || iw >= 8) continue;
+                                size_t xi = ((size_t)(n * 3 + ci) * 9 + ih) * 8 + iw;
+                                size_t wi = ((size_t)(co * 3 + ci) * 3 + i) * 2 + j;
+                                acc += (double)x[xi] * w[wi];
+                                rdx[xi] += (double)dy[yi] * w[wi];
+                                rdw[wi] += (double)dy[yi] * x[xi];
+                            }
+                    ry[yi] = acc;
+                }
+    size_t ws_bytes = mdl_conv2d_workspace_size(&s);
+    void *ws = malloc(ws_bytes ? ws_bytes : 1);
+    st = mdl_conv2d_forward(&s, x, w, bias, y, ws, ws_bytes);
+    EXPECT(st == MDL_OK, "[%s] conv forward: %s", level, mdl_last_error());
+    EXPECT(max_rel_err(y, ry, ny) < 1e-5, "[%s] conv forward error %g", level, max_rel_err(y, ry, ny));
+    st = mdl_conv2d_backward_data(&s, dy, w, dx, ws, ws_bytes);
+    EXPECT(st == MDL_OK, "[%s] conv backward data: %s", level, mdl_last_error());
+    EXPECT(max_rel_err(dx, rdx, nx) < 1e-5, "[%s] conv dx error %g", level, max_rel_err(dx, rdx, nx));
+    st = mdl_conv2d_backward_weights(&s, x, dy, dw, 0, NULL, 0); /* NULL: the call allocates */
+    EXPECT(st == MDL_OK, "[%s] conv backward weights: %s", level, mdl_last_error());
+    EXPECT(max_rel_err(dw, rdw, nw) < 1e-5, "[%s] conv dw error %g", level, max_rel_err(dw, rdw, nw));
+    st = mdl_conv2d_backward_bias(&s, dy, db, 0);
+    EXPECT(st == MDL_OK, "[%s] conv backward bias: %s", level, mdl_last_error());
+    EXPECT(max_rel_err(db, rdb, 5) < 1e-5, "[%s] conv db error %g", level, max_rel_err(db, rdb, 5));
+    free(ws); free(x); free(w); free(bias); free(y); free(dy); free(dx); free(dw); free(db);
+    free(ry); free(rdx); free(rdw); free(rdb);
+}
+
+static void test_errors(void)
+{
+    float a[4] = {0}, c[4];
+    mdl_status st = mdl_sgemm(0, 0, 2, 2, 2, 1.0f, a, 1, a, 2, 0.0f, c, 2, NULL, 0);
+    EXPECT(st == MDL_ERR_ARG, "lda too small: status %d", (int)st);
+    EXPECT(strstr(mdl_last_error(), "lda") != NULL, "message names lda: '%s'", mdl_last_error());
+    st = mdl_sgemm(0, 0, 2, 2, 2, 1.0f, NULL, 2, a, 2, 0.0f, c, 2, NULL, 0);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "NULL"), "NULL a: '%s'", mdl_last_error());
+    const mdl_conv2d_shape bad = {.n = 1, .c_in = 1, .h = 4, .w = 4, .c_out = 1, .kh = 3, .kw = 3,
+                                  .stride_h = 0, .stride_w = 1};
+    int64_t ho, wo;
+    st = mdl_conv2d_output_size(&bad, &ho, &wo);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "stride"), "stride 0: '%s'", mdl_last_error());
+    char small_ws[8];
+    const mdl_conv2d_shape ok = {.n = 1, .c_in = 2, .h = 6, .w = 6, .c_out = 2, .kh = 3, .kw = 3,
+                                 .stride_h = 1, .stride_w = 1};
+    float x[72], w[36], y[32];
+    memset(x, 0, sizeof x);
+    memset(w, 0, sizeof w);
+    if (mdl_conv2d_workspace_size(&ok) > sizeof small_ws) {
+        st = mdl_conv2d_forward(&ok, x, w, NULL, y, small_ws, sizeof small_ws);
+        EXPECT(st == MDL_ERR_WORKSPACE, "small workspace: status %d", (int)st);
+    }
+    EXPECT(strcmp(mdl_status_string(MDL_OK), "ok") == 0, "status string");
+    EXPECT(mdl_set_simd((mdl_simd)7) == MDL_ERR_ARG, "bad simd level");
+    EXPECT(mdl_set_num_threads(-1) == MDL_ERR_ARG, "negative thread count");
+}
+
+int main(void)
+{
+    printf("minidl %s, cpu simd %s, %d threads\n", mdl_version(),
+           mdl_cpu_simd() == MDL_SIMD_AVX2 ? "avx2" : "scalar", mdl_get_num_threads());
+    const char *names[] = {"scalar", "avx2"};
+    for (int level = MDL_SIMD_SCALAR; level <= (int)mdl_cpu_simd(); level++) {
+        if (mdl_set_simd((mdl_simd)level) != MDL_OK) return 2;
+        test_gemm(names[level]);
+        test_conv(names[level]);
+    }
+    test_errors();
+    printf("%s: %d failures\n", failures ? "FAILED" : "ok", failures);
+    return failures ? 1 : 0;
+}

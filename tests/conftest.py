@@ -1,0 +1,37 @@
+import os
+
+import numpy as np
+import pytest
+
+import minidl
+
+# `make sanitize` runs this suite against a separate AddressSanitizer build; make
+# sure that build, not the in-place one, is what got imported.
+_expect = os.environ.get("MINIDL_EXPECT_PATH")
+if _expect and not os.path.abspath(minidl.__file__).startswith(_expect):
+    raise RuntimeError(f"expected minidl from {_expect}, imported {minidl.__file__}")
+
+SIMD_LEVELS = ["scalar"] + (["avx2"] if minidl.cpu_simd() == "avx2" else [])
+
+
+@pytest.fixture(params=SIMD_LEVELS)
+def simd(request):
+    """Run the test once per kernel version (scalar reference, AVX2)."""
+    minidl.set_simd(request.param)
+    yield request.param
+    minidl.set_simd(minidl.cpu_simd())
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    """Run the test with 1 and with 2 threads."""
+    before = minidl.get_num_threads()
+    minidl.set_num_threads(request.param)
+    yield request.param
+    minidl.set_num_threads(before)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name, so every test is reproducible."""
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)

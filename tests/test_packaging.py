@@ -1,0 +1,51 @@
+"""The package tells C tools how to link its core, like numpy.get_include()."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import minidl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_paths_exist():
+    assert os.path.isfile(os.path.join(minidl.get_include(), "minidl.h"))
+    assert os.path.isfile(os.path.join(minidl.get_library_dir(), "libminidl.so"))
+    assert os.path.isfile(os.path.join(minidl.get_library_dir(), "libminidl.a"))
+
+
+def test_cli_flags():
+    out = subprocess.run([sys.executable, "-m", "minidl", "--cflags", "--libs"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert f"-I{minidl.get_include()}" in out
+    assert f"-L{minidl.get_library_dir()}" in out and "-lminidl" in out
+    assert subprocess.run([sys.executable, "-m", "minidl"], capture_output=True).returncode == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_c_program_links_package_copy(tmp_path):
+    """The C API test, built with `python -m minidl --cflags --libs`, passes."""
+    flags = subprocess.run([sys.executable, "-m", "minidl", "--cflags", "--libs"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    exe = tmp_path / "test_capi"
+    subprocess.run(["cc", "-std=c11", os.path.join(HERE, "c", "test_capi.c"), "-o", str(exe),
+                    *flags, "-lm"], check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_version_and_threads():
+    assert minidl.__version__ == "0.1.0"
+    before = minidl.get_num_threads()
+    minidl.set_num_threads(3)
+    assert minidl.get_num_threads() == 3
+    minidl.set_num_threads(0)
+    assert minidl.get_num_threads() == before
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        minidl.set_num_threads(-2)
+    with pytest.raises(ValueError, match="simd level"):
+        minidl.set_simd("avx9")
