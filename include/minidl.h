@@ -86,6 +86,11 @@ MDL_API const char *mdl_version(void);
 /* n >= 1 sets the thread count; n == 0 restores the default. */
 MDL_API mdl_status mdl_set_num_threads(int n);
 MDL_API int mdl_get_num_threads(void);
+/* Regions doing fewer than `work` scalar operations run on one thread
+ * (default 65536), since starting threads costs more than it saves there.
+ * 0 parallelises every region: tests use it to exercise the threaded paths
+ * on small shapes.  work < 0 is an error. */
+MDL_API mdl_status mdl_set_min_parallel_work(int64_t work);
 
 typedef enum mdl_simd {
     MDL_SIMD_SCALAR = 0,     /* plain C reference kernels */

@@ -53,6 +53,10 @@ def get_num_threads():
     return mdl_get_num_threads()
 
 
+def set_min_parallel_work(int64_t work):
+    check(mdl_set_min_parallel_work(work))
+
+
 SIMD_LEVELS = {"scalar": MDL_SIMD_SCALAR, "avx2": MDL_SIMD_AVX2}
 
 

@@ -30,8 +30,8 @@ mdl_status mdl_error(mdl_status status, const char *fmt, ...)
 
 /* True when the AVX2+FMA kernels are selected. */
 int mdl_use_avx2(void);
-/* Threads to use for a region doing `work` scalar operations: 1 for small
- * work (a parallel region costs more than it saves), else the configured count. */
+/* Threads to use for a region doing `work` scalar operations: 1 below the
+ * mdl_set_min_parallel_work threshold, else the configured count. */
 int mdl_threads_for(double work);
 int mdl_num_threads(void);
 

@@ -93,10 +93,20 @@ int mdl_num_threads(void)
 
 int mdl_get_num_threads(void) { return mdl_num_threads(); }
 
+static int64_t min_parallel_work = 65536;
+
+mdl_status mdl_set_min_parallel_work(int64_t work)
+{
+    if (work < 0)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_min_parallel_work: work must be >= 0, got %lld",
+                         (long long)work);
+    __atomic_store_n(&min_parallel_work, work, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
 int mdl_threads_for(double work)
 {
-    /* Below ~64k operations a parallel region costs more than it saves. */
-    return work < 65536.0 ? 1 : mdl_num_threads();
+    return work < (double)__atomic_load_n(&min_parallel_work, __ATOMIC_RELAXED) ? 1 : mdl_num_threads();
 }
 
 /* ---- SIMD dispatch --------------------------------------------------------- */

@@ -24,11 +24,14 @@ def simd(request):
 
 @pytest.fixture(params=[1, 2])
 def threads(request):
-    """Run the test with 1 and with 2 threads."""
+    """Run the test with 1 and with 2 threads; with 2, every parallel region is
+    split, however small, so the threaded partitions are exercised."""
     before = minidl.get_num_threads()
     minidl.set_num_threads(request.param)
+    minidl._C.set_min_parallel_work(0 if request.param > 1 else 65536)
     yield request.param
     minidl.set_num_threads(before)
+    minidl._C.set_min_parallel_work(65536)
 
 
 @pytest.fixture

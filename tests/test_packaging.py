@@ -47,5 +47,7 @@ def test_version_and_threads():
     assert minidl.get_num_threads() == before
     with pytest.raises(ValueError, match="n must be >= 0"):
         minidl.set_num_threads(-2)
+    with pytest.raises(ValueError, match="work must be >= 0"):
+        minidl._C.set_min_parallel_work(-1)
     with pytest.raises(ValueError, match="simd level"):
         minidl.set_simd("avx9")
