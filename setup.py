@@ -68,7 +68,9 @@ class build_ext(_build_ext):
 
 def cython_extensions():
     from Cython.Build import cythonize
-    ext = Extension("minidl._C", ["minidl/_C.pyx"], include_dirs=["include"], libraries=["m"])
+    # depends: relink _C whenever a core source or header changes
+    ext = Extension("minidl._C", ["minidl/_C.pyx"], include_dirs=["include"], libraries=["m"],
+                    depends=CORE_SOURCES + CORE_HEADERS)
     return cythonize([ext], language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "initializedcheck": False})
 
