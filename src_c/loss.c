@@ -77,8 +77,9 @@ mdl_status mdl_softmax_cross_entropy(int64_t n, int64_t classes, const float *lo
     #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-        part[t] = avx2 ? mdl_softmax_xent_rows_avx2(lo, hi, classes, logits, labels, inv_n, dlogits)
-                       : mdl_softmax_xent_rows_scalar(lo, hi, classes, logits, labels, inv_n, dlogits);
+        part[t] = avx2
+            ? mdl_softmax_xent_rows_avx2(lo, hi, classes, logits, labels, inv_n, dlogits)
+            : mdl_softmax_xent_rows_scalar(lo, hi, classes, logits, labels, inv_n, dlogits);
     }
     double total = 0.0;
     for (int t = 0; t < nt; t++) total += part[t];

@@ -27,7 +27,8 @@ static inline __m256 exp_avx2(__m256 x)
     __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LE_OQ);
     __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, ln2_hi, xc);
     r = _mm256_fnmadd_ps(n, ln2_lo, r);
     __m256 q = _mm256_fmadd_ps(c6, r, c5);
@@ -86,7 +87,10 @@ double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const
         __m256 vmax = ninf;
         int64_t j = 0;
         for (; j < full; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(z + j));
-        if (rem) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_maskload_ps(z + j, tail), tailf));
+        if (rem) {
+            __m256 t = _mm256_blendv_ps(ninf, _mm256_maskload_ps(z + j, tail), tailf);
+            vmax = _mm256_max_ps(vmax, t);
+        }
         float m = hmax(vmax);
 
         /* exp(z - m), stored into dlogits when wanted, summed in double */
@@ -124,7 +128,8 @@ double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const
             for (j = 0; j < full; j += 8)
                 _mm256_storeu_ps(d + j, _mm256_mul_ps(_mm256_loadu_ps(d + j), scale));
             if (rem)
-                _mm256_maskstore_ps(d + j, tail, _mm256_mul_ps(_mm256_maskload_ps(d + j, tail), scale));
+                _mm256_maskstore_ps(d + j, tail,
+                                    _mm256_mul_ps(_mm256_maskload_ps(d + j, tail), scale));
             /* (e - s) / (s n) in double: no cancellation against a rounded softmax */
             d[label] = (float)((e_label - s) * inv_sn);
         }
