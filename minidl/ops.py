@@ -204,4 +204,124 @@ def dropout_backward(dy: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray
 
 # ---- loss -------------------------------------------------------------------------
 
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> Tuple[float, np.ndarray]:
+    """Mean softmax cross-entropy and its gradient [torch.nn.functional.cross_entropy,
+    reduction="mean"].
+
+    logits: (N, C) float; labels: (N,) integer class indices in [0, C), any integer
+    dtype.  Returns (loss, dlogits): loss a Python float, dlogits (N, C) float32 =
+    (softmax(logits) - onehot(labels)) / N.
+    """
+    logits = _input("logits", logits, 2, "(N, C)")
+    n, c = logits.shape
+    if n < 1 or c < 1:
+        raise ValueError(f"logits must have N >= 1 rows and C >= 1 classes, "
+                         f"got shape {logits.shape}")
+    if not isinstance(labels, np.ndarray):
+        raise TypeError(f"labels must be a numpy.ndarray, got {type(labels).__name__}")
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"labels must be an integer array (class indices), "
+                        f"got dtype {labels.dtype}")
+    if labels.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},) to match logits {logits.shape}, "
+                         f"got {labels.shape}")
+    bad = (labels < 0) | (labels >= c)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"labels[{i}] = {labels[i]} is out of range [0, {c})")
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    dlogits = np.empty_like(logits)
+    loss = _C.softmax_cross_entropy(n, c, logits.reshape(-1), labels, dlogits.reshape(-1))
+    return float(loss), dlogits
+
+
 # ---- optimizers -------------------------------------------------------------------
+
+
+def _hyper(message: str, v, ok) -> float:
+    """A real hyper-parameter checked as torch.optim does: ValueError(f"{message}: {v}")."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{message.replace('Invalid ', '')} must be a real number, got {v!r}")
+    if not ok(float(v)):
+        raise ValueError(f"{message}: {v}")
+    return float(v)
+
+
+def _distinct(**arrays) -> None:
+    """Arrays updated in place must not overlap one another."""
+    items = [(k, a) for k, a in arrays.items() if a is not None]
+    for i, (ka, a) in enumerate(items):
+        for kb, b in items[i + 1:]:
+            if np.may_share_memory(a, b):
+                raise ValueError(f"{ka} and {kb} must not share memory")
+
+
+def sgd_step(param: np.ndarray, grad: np.ndarray, momentum_buffer: Optional[np.ndarray] = None,
+             *, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+             weight_decay: float = 0.0, nesterov: bool = False,
+             first_step: bool = False) -> np.ndarray:
+    """One SGD step in place [torch.optim.SGD]; param, grad and momentum_buffer share
+    one shape.
+
+    g = grad + weight_decay * param; with momentum != 0 the buffer becomes g on the
+    first step (first_step=True) and momentum * buf + (1 - dampening) * g after;
+    g = g + momentum * buf with nesterov, else buf.  param -= lr * g.
+    momentum_buffer (float32, updated in place) is required when momentum != 0.
+    Returns param.
+    """
+    lr = _hyper("Invalid learning rate", lr, lambda v: v >= 0.0)
+    momentum = _hyper("Invalid momentum value", momentum, lambda v: v >= 0.0)
+    dampening = _hyper("Invalid dampening value", dampening, lambda v: v == v)
+    weight_decay = _hyper("Invalid weight_decay value", weight_decay, lambda v: v >= 0.0)
+    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening "
+                         f"(momentum={momentum}, dampening={dampening})")
+    if not isinstance(param, np.ndarray):
+        raise TypeError(f"param must be a numpy.ndarray, got {type(param).__name__}")
+    _inout("param", param, param.shape)
+    grad = _input("grad", grad)
+    if grad.shape != param.shape:
+        raise ValueError(f"grad must have the shape of param {param.shape}, got {grad.shape}")
+    if momentum_buffer is not None:
+        _inout("momentum_buffer", momentum_buffer, param.shape)
+    elif momentum != 0.0:
+        raise ValueError(f"momentum_buffer is required when momentum != 0 (momentum={momentum})")
+    _distinct(param=param, momentum_buffer=momentum_buffer)
+    _C.sgd_step(param.reshape(-1), grad.reshape(-1), _flat(momentum_buffer), lr, momentum,
+                dampening, weight_decay, bool(nesterov), bool(first_step))
+    return param
+
+
+def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray,
+              exp_avg_sq: np.ndarray, *, step: int, lr: float = 1e-3,
+              betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+              weight_decay: float = 0.0, decoupled: bool = False) -> np.ndarray:
+    """One Adam step in place [torch.optim.Adam], or AdamW with decoupled=True
+    [torch.optim.AdamW]; param, grad, exp_avg and exp_avg_sq share one shape.
+
+    step is the 1-based index of this step (bias corrections 1 - beta^step).
+    Adam adds weight_decay * param to the gradient; AdamW first multiplies param by
+    1 - lr * weight_decay.  exp_avg and exp_avg_sq (float32, zeros before the first
+    step) are updated in place.  Returns param.
+    """
+    lr = _hyper("Invalid learning rate", lr, lambda v: v >= 0.0)
+    eps = _hyper("Invalid epsilon value", eps, lambda v: v >= 0.0)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    b1 = _hyper("Invalid beta parameter at index 0", betas[0], lambda v: 0.0 <= v < 1.0)
+    b2 = _hyper("Invalid beta parameter at index 1", betas[1], lambda v: 0.0 <= v < 1.0)
+    weight_decay = _hyper("Invalid weight_decay value", weight_decay, lambda v: v >= 0.0)
+    step = _int("step", step, 1)
+    if not isinstance(param, np.ndarray):
+        raise TypeError(f"param must be a numpy.ndarray, got {type(param).__name__}")
+    _inout("param", param, param.shape)
+    grad = _input("grad", grad)
+    if grad.shape != param.shape:
+        raise ValueError(f"grad must have the shape of param {param.shape}, got {grad.shape}")
+    _inout("exp_avg", exp_avg, param.shape)
+    _inout("exp_avg_sq", exp_avg_sq, param.shape)
+    _distinct(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    _C.adam_step(param.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1),
+                 exp_avg_sq.reshape(-1), step, lr, b1, b2, eps, weight_decay, bool(decoupled))
+    return param

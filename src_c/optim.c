@@ -1,12 +1,126 @@
-/* optim.c -- placeholder: not implemented yet. */
+/* optim.c -- optimizer steps (SGD with momentum, Adam, AdamW), in place, with
+ * PyTorch's torch.optim update rules.  Scalar references here; AVX2 versions
+ * in optim_avx2.c.  Every array is updated in place; element i depends only on
+ * element i of the inputs, so the range is split evenly over the threads. */
+#include <math.h>
 #include "common.h"
+#include "optim.h"
 
-mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad, float *momentum_buf, float lr, float momentum, float dampening, float weight_decay, int nesterov, int first_step)
+/* ---- scalar references ---------------------------------------------------- */
+
+/* param[count] -= lr * d, with d from grad, weight decay and the momentum buffer */
+void mdl_sgd_scalar(int64_t lo, int64_t hi, float *param, const float *grad, float *buf,
+                    const mdl_sgd_hp *hp)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_sgd_step: not implemented");
+    for (int64_t i = lo; i < hi; i++) {
+        float d = grad[i];
+        if (hp->weight_decay != 0.0f) d = d + hp->weight_decay * param[i];
+        if (hp->momentum != 0.0f) {
+            float b = hp->first_step ? d : hp->momentum * buf[i] + hp->one_minus_dampening * d;
+            buf[i] = b;
+            d = hp->nesterov ? d + hp->momentum * b : b;
+        }
+        param[i] = param[i] - hp->lr * d;
+    }
 }
 
-mdl_status mdl_adam_step(int64_t count, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, int64_t step, float lr, float beta1, float beta2, float eps, float weight_decay, int decoupled)
+/* param, exp_avg, exp_avg_sq [count] updated in place */
+void mdl_adam_scalar(int64_t lo, int64_t hi, float *param, const float *grad, float *exp_avg,
+                     float *exp_avg_sq, const mdl_adam_hp *hp)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_adam_step: not implemented");
+    for (int64_t i = lo; i < hi; i++) {
+        float p = param[i] * hp->decay;
+        float g = grad[i];
+        if (hp->weight_decay != 0.0f) g = g + hp->weight_decay * p;
+        /* exp_avg = lerp(exp_avg, g, 1 - beta1), in the form PyTorch's lerp uses */
+        float m = exp_avg[i];
+        m = hp->one_minus_beta1 < 0.5f ? m + hp->one_minus_beta1 * (g - m)
+                                       : g - (g - m) * hp->beta1;
+        float v = exp_avg_sq[i] * hp->beta2 + hp->one_minus_beta2 * (g * g);
+        float denom = sqrtf(v) / hp->bc2_sqrt + hp->eps;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+        param[i] = p - hp->step_size * (m / denom);
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+#define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
+
+/* Split [0, count) into one contiguous range per thread. */
+#define SPLIT(count, body)                                              \
+    do {                                                                \
+        int nt = mdl_threads_for((double)(count) * 4.0);                \
+        PAR_FOR                                                         \
+        for (int t = 0; t < nt; t++) {                                  \
+            int64_t lo = (count) * t / nt, hi = (count) * (t + 1) / nt; \
+            body;                                                       \
+        }                                                               \
+    } while (0)
+
+mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad, float *momentum_buf,
+                        float lr, float momentum, float dampening, float weight_decay,
+                        int nesterov, int first_step)
+{
+    MDL_CHECK_NONNEG(count);
+    MDL_CHECK(lr >= 0.0f, "%s: lr must be >= 0, got %g", __func__, (double)lr);
+    MDL_CHECK(momentum >= 0.0f, "%s: momentum must be >= 0, got %g", __func__, (double)momentum);
+    MDL_CHECK(weight_decay >= 0.0f, "%s: weight_decay must be >= 0, got %g", __func__,
+              (double)weight_decay);
+    MDL_CHECK(!nesterov || (momentum > 0.0f && dampening == 0.0f),
+              "%s: nesterov needs momentum > 0 and dampening == 0, got momentum %g, dampening %g",
+              __func__, (double)momentum, (double)dampening);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK_PTR(param);
+    MDL_CHECK_PTR(grad);
+    MDL_CHECK(momentum == 0.0f || momentum_buf != NULL,
+              "%s: momentum_buf must not be NULL when momentum != 0 (momentum %g)", __func__,
+              (double)momentum);
+
+    mdl_sgd_hp hp = {lr, momentum, (float)(1.0 - (double)dampening), weight_decay,
+                     nesterov != 0, first_step != 0};
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_sgd_avx2(lo, hi, param, grad, momentum_buf, &hp);
+                 else mdl_sgd_scalar(lo, hi, param, grad, momentum_buf, &hp));
+    return MDL_OK;
+}
+
+mdl_status mdl_adam_step(int64_t count, float *param, const float *grad, float *exp_avg,
+                         float *exp_avg_sq, int64_t step, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int decoupled)
+{
+    MDL_CHECK_NONNEG(count);
+    MDL_CHECK_POS(step);
+    MDL_CHECK(lr >= 0.0f, "%s: lr must be >= 0, got %g", __func__, (double)lr);
+    MDL_CHECK(beta1 >= 0.0f && beta1 < 1.0f, "%s: beta1 must be in [0, 1), got %g", __func__,
+              (double)beta1);
+    MDL_CHECK(beta2 >= 0.0f && beta2 < 1.0f, "%s: beta2 must be in [0, 1), got %g", __func__,
+              (double)beta2);
+    MDL_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
+    MDL_CHECK(weight_decay >= 0.0f, "%s: weight_decay must be >= 0, got %g", __func__,
+              (double)weight_decay);
+    if (count == 0) return MDL_OK;
+    MDL_CHECK_PTR(param);
+    MDL_CHECK_PTR(grad);
+    MDL_CHECK_PTR(exp_avg);
+    MDL_CHECK_PTR(exp_avg_sq);
+
+    /* bias corrections once per call, in double */
+    double bc1 = 1.0 - pow((double)beta1, (double)step);
+    double bc2 = 1.0 - pow((double)beta2, (double)step);
+    mdl_adam_hp hp;
+    hp.beta1 = beta1;
+    hp.beta2 = beta2;
+    hp.one_minus_beta1 = (float)(1.0 - (double)beta1);
+    hp.one_minus_beta2 = (float)(1.0 - (double)beta2);
+    hp.step_size = (float)((double)lr / bc1);
+    hp.bc2_sqrt = (float)sqrt(bc2);
+    hp.eps = eps;
+    hp.weight_decay = decoupled ? 0.0f : weight_decay;
+    hp.decay = decoupled ? (float)(1.0 - (double)lr * (double)weight_decay) : 1.0f;
+    int avx2 = mdl_use_avx2();
+    SPLIT(count, if (avx2) mdl_adam_avx2(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp);
+                 else mdl_adam_scalar(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp));
+    return MDL_OK;
 }

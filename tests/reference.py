@@ -38,5 +38,50 @@ def add(a, b):
 
 # ---- loss ------------------------------------------------------------------------
 
+def softmax_cross_entropy(logits, labels):
+    """(mean loss, dlogits) of torch.nn.functional.cross_entropy, reduction="mean"."""
+    (z,) = _f64(logits)
+    labels = np.asarray(labels, np.int64)
+    n = z.shape[0]
+    rows = np.arange(n)
+    m = z.max(axis=1, keepdims=True)
+    e = np.exp(z - m)
+    s = e.sum(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(s[:, 0])
+    loss = np.mean(lse - z[rows, labels])
+    d = e / s
+    d[rows, labels] -= 1.0
+    return loss, d / n
+
 
 # ---- optimizers ------------------------------------------------------------------
+
+def sgd_step(param, grad, buf, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False, first_step=False):
+    """torch.optim.SGD, one step: returns (param, momentum buffer or None)."""
+    p, g = _f64(param, grad)
+    d = g + weight_decay * p if weight_decay != 0 else g
+    b = None
+    if momentum != 0:
+        b = d.copy() if first_step else momentum * np.asarray(buf, np.float64) + (1 - dampening) * d
+        d = d + momentum * b if nesterov else b
+    return p - lr * d, b
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, *, step, lr, betas, eps, weight_decay=0.0,
+              decoupled=False):
+    """torch.optim.Adam (decoupled=False) / AdamW (decoupled=True), one step:
+    returns (param, exp_avg, exp_avg_sq)."""
+    p, g, m, v = _f64(param, grad, exp_avg, exp_avg_sq)
+    b1, b2 = betas
+    if weight_decay != 0:
+        if decoupled:
+            p = p * (1 - lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    bc1 = 1 - b1 ** step
+    bc2 = 1 - b2 ** step
+    denom = np.sqrt(v) / np.sqrt(bc2) + eps
+    return p - lr / bc1 * m / denom, m, v
