@@ -212,9 +212,9 @@ def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.n
     x: (*, in) with at least one dimension; w: (out, in); b: (out,) or None.
     Returns y (*, out).
     """
-    x = _input("x", x)
-    if x.ndim < 1:
+    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
         raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
+    x = _input("x", x)
     w = _input("w", w, 2, "(out, in)")
     out_f, in_f = w.shape
     if x.shape[-1] != in_f:
@@ -239,9 +239,9 @@ def linear_backward(x: np.ndarray, w: np.ndarray,
     dx = dy @ w has the shape of x, dw = dy^T @ x is (out, in), db = dy summed
     over the leading dimensions is (out,) (returned whether or not the layer has a bias).
     """
-    x = _input("x", x)
-    if x.ndim < 1:
+    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
         raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
+    x = _input("x", x)
     w = _input("w", w, 2, "(out, in)")
     out_f, in_f = w.shape
     if x.shape[-1] != in_f:
