@@ -56,6 +56,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+def load_average() -> str:
+    """1, 5 and 15 minute load averages: a busy machine makes the figures worthless."""
+    try:
+        return " ".join(os.getloadavg().__repr__().strip("()").split(", "))
+    except OSError:
+        return "unknown"
+
+
 def numpy_blas(np) -> str:
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -132,7 +140,7 @@ def main():
                     numpy=np.__version__, numpy_blas=numpy_blas(np), minidl=minidl.__version__,
                     simd=minidl.get_simd(), python=platform.python_version(),
                     date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    git_commit=git_commit())
+                    git_commit=git_commit(), loadavg=load_average())
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(dict(benchmark="gemm", machine=info, results=rows), f, indent=2)
