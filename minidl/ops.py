@@ -112,6 +112,9 @@ def sgemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool 
     a: (m, k), or (k, m) with trans_a; b: (k, n), or (n, k) with trans_b.
     Returns out (m, n), written in place when given; beta != 0 needs out.
     """
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     a = _input("a", a, 2)
     b = _input("b", b, 2)
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
@@ -128,7 +131,7 @@ def sgemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool 
         _inout("out", out, (m, n))
         if np.shares_memory(out, a) or np.shares_memory(out, b):
             raise ValueError("sgemm: out must not overlap a or b")
-    _C.sgemm(trans_a, trans_b, m, n, k, alpha, a.reshape(-1), max(a.shape[1], 1),
+    _C.sgemm(bool(trans_a), bool(trans_b), m, n, k, alpha, a.reshape(-1), max(a.shape[1], 1),
              b.reshape(-1), max(b.shape[1], 1), beta, out.reshape(-1), max(n, 1))
     return out
 
@@ -201,6 +204,62 @@ def dropout_backward(dy: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray
 # ---- batch norm -------------------------------------------------------------------
 
 # ---- linear -----------------------------------------------------------------------
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.ndarray:
+    """y = x @ w.T + b [torch.nn.functional.linear].
+
+    x: (*, in) with at least one dimension; w: (out, in); b: (out,) or None.
+    Returns y (*, out).
+    """
+    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
+        raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
+    x = _input("x", x)
+    w = _input("w", w, 2, "(out, in)")
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"x must have last dimension in = {in_f} (w is {w.shape}), "
+                         f"got shape {x.shape}")
+    if b is not None:
+        b = _input("b", b, 1, "(out,)")
+        if b.shape != (out_f,):
+            raise ValueError(f"b must have shape ({out_f},), got {b.shape}")
+    lead = x.shape[:-1]
+    n = int(np.prod(lead, dtype=np.int64))
+    y = np.empty(lead + (out_f,), np.float32)
+    _C.linear_forward(n, in_f, out_f, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1))
+    return y
+
+
+def linear_backward(x: np.ndarray, w: np.ndarray,
+                    dy: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of y = linear(x, w, b): returns (dx, dw, db).
+
+    x: (*, in); w: (out, in); dy: (*, out) with the leading dimensions of x.
+    dx = dy @ w has the shape of x, dw = dy^T @ x is (out, in), db = dy summed
+    over the leading dimensions is (out,) (returned whether or not the layer has a bias).
+    """
+    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
+        raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
+    x = _input("x", x)
+    w = _input("w", w, 2, "(out, in)")
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"x must have last dimension in = {in_f} (w is {w.shape}), "
+                         f"got shape {x.shape}")
+    dy = _input("dy", dy)
+    lead = x.shape[:-1]
+    if dy.shape != lead + (out_f,):
+        raise ValueError(f"dy must have shape {lead + (out_f,)} (x's leading dimensions, out), "
+                         f"got {dy.shape}")
+    n = int(np.prod(lead, dtype=np.int64))
+    dx = np.empty(x.shape, np.float32)
+    dw = np.empty((out_f, in_f), np.float32)
+    db = np.empty((out_f,), np.float32)
+    _C.linear_backward_data(n, in_f, out_f, dy.reshape(-1), w.reshape(-1), dx.reshape(-1))
+    _C.linear_backward_weights(n, in_f, out_f, x.reshape(-1), dy.reshape(-1), dw.reshape(-1),
+                               db.reshape(-1), False)
+    return dx, dw, db
 
 # ---- loss -------------------------------------------------------------------------
 

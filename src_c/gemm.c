@@ -49,6 +49,10 @@ mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, 
         MDL_CHECK_PTR(a);
         MDL_CHECK_PTR(b);
     }
+    /* a workspace that is too small is an error on every path, not only where it is used */
+    if (k > 0 && workspace != NULL && workspace_bytes < mdl_sgemm_workspace_size(m, n, k))
+        return mdl_error(MDL_ERR_WORKSPACE, "mdl_sgemm: workspace has %zu bytes, needs %zu",
+                         workspace_bytes, mdl_sgemm_workspace_size(m, n, k));
     if (mdl_use_avx2() && k > 0) {
         void *owned;
         float *ws;

@@ -1,12 +1,337 @@
-/* gemm_avx2.c -- blocked AVX2+FMA SGEMM (placeholder: calls the scalar reference). */
+/* gemm_avx2.c -- blocked AVX2+FMA SGEMM (compiled with -mavx2 -mfma).
+ *
+ * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, in the BLIS style:
+ *
+ *   for jc over N in blocks of nc            B panel  (kc x nc) shared, ~L3
+ *     for pc over K in blocks of kc
+ *       for ic over M in blocks of mb        A block  (mb x kc) shared
+ *         pack B (when ic == 0) and A, cooperatively; barrier
+ *         each thread: its rows x its columns of the block, in L2-sized row
+ *           groups (MC rows), B micro-panels (kc x 16, L1) inside, 6x16 tiles
+ *         barrier
+ *
+ * Packed A holds alpha * op(A) in micro-panels of MR = 6 rows (p-major, rows
+ * padded with zeros); packed B holds op(B) in micro-panels of NR = 16 columns
+ * (p-major, columns padded with zeros).  Transposes are handled while packing.
+ * The micro-kernel keeps a 6x16 tile of C in 12 ymm accumulators; tiles with
+ * fewer rows use the same kernel specialised for that row count, tiles with
+ * fewer columns go through a small temporary.  The first K block applies
+ * beta (beta == 0 stores without reading C), later ones add.
+ *
+ * Threads: one parallel region per call.  The threads form a tm x tn grid
+ * over the tiles of each block (tm * tn = threads), chosen per call so that
+ * small-M problems split over N and large ones over whichever balances
+ * better.  The packed buffers are shared, so the workspace does not depend on
+ * the thread count. */
 #include "common.h"
+#if MDL_X86
+#include <immintrin.h>
+#include <string.h>
+#ifdef _OPENMP
+#  include <omp.h>
+#endif
 #include "gemm.h"
 
-size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k) { return 0; }
+#define MR 6
+#define NR 16
+#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
+#define MC 144       /* rows of A a thread sweeps per B micro-panel: 6 x 24, ~180 KiB in L2 */
+#define MB_MAX 1536  /* rows of A packed per step */
+#define NC_MAX 4096  /* columns of B packed per step */
+
+typedef struct blocking {
+    int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
+} blocking;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+/* Blocks of nearly equal size no larger than the maxima. */
+static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
+{
+    blocking bl;
+    bl.kc = ceil_div(k, ceil_div(k, KC_MAX));
+    bl.mb = round_up(ceil_div(m, ceil_div(m, MB_MAX)), MR);
+    bl.nc = round_up(ceil_div(n, ceil_div(n, NC_MAX)), NR);
+    return bl;
+}
+
+size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k)
+{
+    if (m <= 0 || n <= 0 || k <= 0) return 0;
+    blocking bl = plan_blocks(m, n, k);
+    /* B panel first: its size is a multiple of 16 floats, so A stays 64-byte aligned */
+    return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
+}
+
+/* ---- packing ------------------------------------------------------------------ */
+
+/* In-register transpose of 8 rows of 8 floats. */
+static inline void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* One A micro-panel: dst[p * MR + r] = alpha * op(A)[i0 + r][p0 + p] for
+ * r < rows (zero for rows <= r < MR), p < kc. */
+static void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                   int rows, int64_t kc, float alpha, float *restrict dst)
+{
+    if (trans_a) { /* op(A)[i][p] = a[p * lda + i]: MR contiguous floats per p */
+        for (int64_t p = 0; p < kc; p++) {
+            const float *src = a + (p0 + p) * lda + i0;
+            float *d = dst + p * MR;
+            int r = 0;
+            for (; r < rows; r++) d[r] = alpha * src[r];
+            for (; r < MR; r++) d[r] = 0.0f;
+        }
+        return;
+    }
+    /* op(A)[i][p] = a[i * lda + p]: rows are contiguous in p; transpose 8 p at a time */
+    const float *src[MR];
+    for (int r = 0; r < MR; r++) src[r] = a + (i0 + (r < rows ? r : 0)) * lda + p0;
+    const __m256 va = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        __m256 v[8];
+        for (int r = 0; r < MR; r++)
+            v[r] = r < rows ? _mm256_mul_ps(va, _mm256_loadu_ps(src[r] + p)) : zero;
+        v[6] = v[7] = zero;
+        transpose8(v);
+        float *d = dst + p * MR;
+        /* each column is 6 floats: 8-wide stores overlap the next column, which
+         * is written afterwards; the last one must not run past this panel */
+        for (int q = 0; q < 7; q++) _mm256_storeu_ps(d + q * MR, v[q]);
+        _mm_storeu_ps(d + 7 * MR, _mm256_castps256_ps128(v[7]));
+        _mm_storel_pi((__m64 *)(d + 7 * MR + 4), _mm256_extractf128_ps(v[7], 1));
+    }
+    for (; p < kc; p++) {
+        float *d = dst + p * MR;
+        int r = 0;
+        for (; r < rows; r++) d[r] = alpha * src[r][p];
+        for (; r < MR; r++) d[r] = 0.0f;
+    }
+}
+
+/* One B micro-panel: dst[p * NR + j] = op(B)[p0 + p][j0 + j] for j < cols
+ * (zero for cols <= j < NR), p < kc. */
+static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t p0,
+                   int cols, int64_t kc, float *restrict dst)
+{
+    if (!trans_b) { /* op(B)[p][j] = b[p * ldb + j]: NR contiguous floats per p */
+        const float *src = b + p0 * ldb + j0;
+        if (cols == NR) {
+            for (int64_t p = 0; p < kc; p++) {
+                _mm256_store_ps(dst + p * NR, _mm256_loadu_ps(src + p * ldb));
+                _mm256_store_ps(dst + p * NR + 8, _mm256_loadu_ps(src + p * ldb + 8));
+            }
+        } else {
+            for (int64_t p = 0; p < kc; p++) {
+                int j = 0;
+                for (; j < cols; j++) dst[p * NR + j] = src[p * ldb + j];
+                for (; j < NR; j++) dst[p * NR + j] = 0.0f;
+            }
+        }
+        return;
+    }
+    /* op(B)[p][j] = b[j * ldb + p]: columns of op(B) are contiguous in p */
+    const float *src[NR];
+    for (int j = 0; j < NR; j++) src[j] = b + (j0 + (j < cols ? j : 0)) * ldb + p0;
+    const __m256 zero = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        for (int h = 0; h < 2; h++) {
+            __m256 v[8];
+            for (int j = 0; j < 8; j++)
+                v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
+            transpose8(v);
+            for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
+        }
+    }
+    for (; p < kc; p++) {
+        int j = 0;
+        for (; j < cols; j++) dst[p * NR + j] = src[j][p];
+        for (; j < NR; j++) dst[p * NR + j] = 0.0f;
+    }
+}
+
+/* ---- micro-kernel ------------------------------------------------------------- */
+
+/* C tile (rows x cols, rows == ROWS <= MR, cols <= NR) = packed A micro-panel
+ * @ packed B micro-panel + beta * C (beta == 0: C is not read).  The
+ * accumulators are named variables (not an array) so that they stay in
+ * registers; rows >= ROWS fold away at compile time. */
+#define ROW_FMA(r)                                                   \
+    if (ROWS > r) {                                                  \
+        __m256 av = _mm256_broadcast_ss(a + p * MR + r);             \
+        c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                  \
+        c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                  \
+    }
+#define ROW_STORE(r, dst, ld)                                        \
+    if (ROWS > r) {                                                  \
+        _mm256_storeu_ps((dst) + r * (ld), c##r##0);                 \
+        _mm256_storeu_ps((dst) + r * (ld) + 8, c##r##1);             \
+    }
+#define ROW_UPDATE(r)                                                \
+    if (ROWS > r) {                                                  \
+        float *cr = c + r * ldc;                                     \
+        _mm256_storeu_ps(cr, _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), c##r##0));         \
+        _mm256_storeu_ps(cr + 8, _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), c##r##1)); \
+    }
+
+static inline __attribute__((always_inline)) void
+kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
+            float *c, int64_t ldc, int cols, float beta)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; p++) {
+        __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
+        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+    }
+    if (cols == NR) {
+        if (beta == 0.0f) {
+            ROW_STORE(0, c, ldc) ROW_STORE(1, c, ldc) ROW_STORE(2, c, ldc)
+            ROW_STORE(3, c, ldc) ROW_STORE(4, c, ldc) ROW_STORE(5, c, ldc)
+        } else {
+            const __m256 vb = _mm256_set1_ps(beta);
+            ROW_UPDATE(0) ROW_UPDATE(1) ROW_UPDATE(2) ROW_UPDATE(3) ROW_UPDATE(4) ROW_UPDATE(5)
+        }
+        return;
+    }
+    float tmp[MR * NR] = {0};
+    ROW_STORE(0, tmp, NR) ROW_STORE(1, tmp, NR) ROW_STORE(2, tmp, NR)
+    ROW_STORE(3, tmp, NR) ROW_STORE(4, tmp, NR) ROW_STORE(5, tmp, NR)
+    for (int r = 0; r < ROWS; r++) {
+        float *cr = c + r * ldc;
+        if (beta == 0.0f)
+            for (int j = 0; j < cols; j++) cr[j] = tmp[r * NR + j];
+        else
+            for (int j = 0; j < cols; j++) cr[j] = tmp[r * NR + j] + beta * cr[j];
+    }
+}
+
+static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                   int cols, float beta)
+{
+    switch (rows) {
+    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta); break;
+    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta); break;
+    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta); break;
+    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta); break;
+    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta); break;
+    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta); break;
+    }
+}
+
+/* ---- driver ------------------------------------------------------------------- */
+
+/* Thread grid tm x tn (tm * tn == nt) minimising the largest per-thread tile
+ * count for an mt x ntl tile block; ties go to the split over N (rows of A
+ * stay whole, so both threads stream the same L2-sized A block). */
+static void choose_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *tn)
+{
+    int64_t best = -1;
+    for (int d = 1; d <= nt; d++) {
+        if (nt % d) continue;
+        int64_t cost = ceil_div(mt, d) * ceil_div(ntl, nt / d);
+        if (best < 0 || cost < best) {
+            best = cost;
+            *tm = d;
+            *tn = nt / d;
+        }
+    }
+}
 
 void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc, float *ws)
 {
-    mdl_sgemm_scalar(trans_a, trans_b, 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const blocking bl = plan_blocks(m, n, k);
+    float *const bpack = ws;
+    float *const apack = ws + bl.kc * bl.nc;
+    /* one thread below ~0.5M multiply-adds; never more threads than tiles */
+    int nt = mdl_threads_for((double)m * n * k / 8.0);
+    int64_t tiles = ceil_div(bl.mb < m ? bl.mb : m, MR) * ceil_div(bl.nc < n ? bl.nc : n, NR);
+    if (nt > tiles) nt = (int)tiles;
+
+#pragma omp parallel num_threads(nt)
+    {
+        int T = 1, t = 0;
+#ifdef _OPENMP
+        T = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
+        int tm = 1, tn = 1;
+        choose_grid(T, ceil_div(bl.mb < m ? bl.mb : m, MR), ceil_div(bl.nc < n ? bl.nc : n, NR),
+                    &tm, &tn);
+        const int ti = t / tn, tj = t % tn;
+
+        for (int64_t jc = 0; jc < n; jc += bl.nc) {
+            const int64_t nb = n - jc < bl.nc ? n - jc : bl.nc;
+            const int64_t npan = ceil_div(nb, NR);
+            const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
+            for (int64_t pc = 0; pc < k; pc += bl.kc) {
+                const int64_t kb = k - pc < bl.kc ? k - pc : bl.kc;
+                const float beta_eff = pc == 0 ? beta : 1.0f;
+                for (int64_t ic = 0; ic < m; ic += bl.mb) {
+                    const int64_t mbk = m - ic < bl.mb ? m - ic : bl.mb;
+                    const int64_t mpan = ceil_div(mbk, MR);
+                    const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
+
+                    /* pack: my column panels are shared with the tm threads of my
+                     * grid column, my row panels with the tn threads of my row */
+                    if (ic == 0) {
+                        int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
+                        for (int64_t q = lo; q < hi; q++) {
+                            int64_t cols = nb - q * NR < NR ? nb - q * NR : NR;
+                            pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)cols, kb,
+                                   bpack + q * NR * kb);
+                        }
+                    }
+                    {
+                        int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
+                        for (int64_t q = lo; q < hi; q++) {
+                            int64_t rows = mbk - q * MR < MR ? mbk - q * MR : MR;
+                            pack_a(trans_a, a, lda, ic + q * MR, pc, (int)rows, kb, alpha,
+                                   apack + q * MR * kb);
+                        }
+                    }
+#pragma omp barrier
+                    /* compute my rows [r0, r1) x columns [c0, c1) of the block */
+                    for (int64_t rg = r0; rg < r1; rg += MC / MR) {
+                        const int64_t rg1 = rg + MC / MR < r1 ? rg + MC / MR : r1;
+                        for (int64_t q = c0; q < c1; q++) {
+                            const int64_t cols = nb - q * NR < NR ? nb - q * NR : NR;
+                            const float *bp = bpack + q * NR * kb;
+                            for (int64_t pr = rg; pr < rg1; pr++) {
+                                const int64_t rows = mbk - pr * MR < MR ? mbk - pr * MR : MR;
+                                kernel((int)rows, kb, apack + pr * MR * kb, bp,
+                                       c + (ic + pr * MR) * ldc + jc + q * NR, ldc, (int)cols,
+                                       beta_eff);
+                            }
+                        }
+                    }
+#pragma omp barrier
+                }
+            }
+        }
+    }
 }
+#endif

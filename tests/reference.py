@@ -26,6 +26,29 @@ def add(a, b):
 
 # ---- gemm / linear ---------------------------------------------------------------
 
+def sgemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=None):
+    a, b = _f64(a, b)
+    a = a.T if trans_a else a
+    b = b.T if trans_b else b
+    y = alpha * (a @ b)
+    if beta != 0.0:
+        y = y + beta * np.asarray(c, np.float64)
+    return y
+
+
+def linear(x, w, b=None):
+    x, w = _f64(x, w)
+    y = x @ w.T
+    return y if b is None else y + np.asarray(b, np.float64)
+
+
+def linear_backward(x, w, dy):
+    x, w, dy = _f64(x, w, dy)
+    x2 = x.reshape(-1, w.shape[1])
+    dy2 = dy.reshape(-1, w.shape[0])
+    return (dy2 @ w).reshape(x.shape), dy2.T @ x2, dy2.sum(axis=0)
+
+
 
 # ---- convolution -----------------------------------------------------------------
 

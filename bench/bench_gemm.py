@@ -1,0 +1,152 @@
+"""SGEMM throughput: minidl's kernel against NumPy's matmul (its BLAS), side by side.
+
+    python3 bench/bench_gemm.py [--threads 2] [--rounds 9] [--json bench/results/gemm-DATE.json]
+
+Both run with the same thread count (the BLAS thread variables are set before
+NumPy is imported).  Each round times minidl then NumPy on the same operands
+(A B A B ...), each for at least --min-time seconds; the table shows the best
+round of each (the machine at its quietest) and the median over rounds of the
+per-round ratio minidl / NumPy.  minidl is called through minidl._C with a
+preallocated workspace, as the convolution layers call it.  Peak: 2 x 8-wide
+FMA per cycle per core, --ghz (default 2.6) x 32 FLOP x threads.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (m, n, k): the square reference and im2col GEMMs of convolutions (c_out x hw x c_in*kh*kw)
+SHAPES = [(1024, 1024, 1024), (16, 1024, 27), (64, 1024, 576), (128, 256, 1152),
+          (256, 64, 2304), (128, 4096, 1152)]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--min-time", type=float, default=0.05, help="seconds per timed sample")
+    p.add_argument("--ghz", type=float, default=2.6, help="clock for the peak figure")
+    p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
+    return p.parse_args()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def load_average() -> str:
+    """1, 5 and 15 minute load averages: a busy machine makes the figures worthless."""
+    try:
+        return " ".join(os.getloadavg().__repr__().strip("()").split(", "))
+    except OSError:
+        return "unknown"
+
+
+def numpy_blas(np) -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # older NumPy: no dict mode
+        return "unknown"
+
+
+def timed(fn, min_time):
+    """Seconds per call, from enough back-to-back calls to last min_time."""
+    reps = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_time:
+            return dt / reps
+        reps = max(reps * 2, int(reps * min_time / max(dt, 1e-9)) + 1)
+
+
+def main():
+    args = parse_args()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    sys.path.insert(0, os.path.dirname(HERE))
+    import numpy as np
+    import minidl
+    from minidl import _C
+
+    minidl.set_num_threads(args.threads)
+    peak = args.ghz * 32 * args.threads
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"minidl {minidl.__version__} ({minidl.get_simd()}), NumPy {np.__version__} "
+          f"({numpy_blas(np)}), {args.threads} threads, {cpu_model()}")
+    print(f"{'m':>5} {'n':>5} {'k':>5} | {'minidl GF/s':>11} {'% peak':>6} | "
+          f"{'NumPy GF/s':>10} {'% peak':>6} | {'ratio':>5}")
+    for m, n, k in SHAPES:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        c = np.empty((m, n), np.float32)
+        c_ref = np.empty((m, n), np.float32)
+        ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
+        fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+
+        def run_minidl():
+            _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
+
+        def run_numpy():
+            np.matmul(a, b, out=c_ref)
+
+        run_minidl()
+        run_numpy()
+        err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+        assert err < 1e-4, f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
+        t_mdl, t_np = [], []
+        for _ in range(args.rounds):
+            t_mdl.append(timed(run_minidl, args.min_time))
+            t_np.append(timed(run_numpy, args.min_time))
+        flop = 2.0 * m * n * k
+        g_mdl, g_np = flop / min(t_mdl) / 1e9, flop / min(t_np) / 1e9
+        ratio = statistics.median(tn / tm for tm, tn in zip(t_mdl, t_np))
+        rows.append(dict(m=m, n=n, k=k, minidl_gflops=round(g_mdl, 2),
+                         numpy_gflops=round(g_np, 2), minidl_pct_peak=round(100 * g_mdl / peak, 1),
+                         numpy_pct_peak=round(100 * g_np / peak, 1),
+                         median_ratio=round(ratio, 3), rounds=args.rounds))
+        print(f"{m:5d} {n:5d} {k:5d} | {g_mdl:11.1f} {100 * g_mdl / peak:5.0f}% | "
+              f"{g_np:10.1f} {100 * g_np / peak:5.0f}% | {ratio:5.2f}")
+    print(f"peak: {peak:.0f} GFLOP/s ({args.ghz} GHz x 32 FLOP/cycle x {args.threads} cores, AVX2 FMA); "
+          "GF/s: best round; ratio: median of minidl / NumPy speed per round")
+    if args.json:
+        info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=peak,
+                    numpy=np.__version__, numpy_blas=numpy_blas(np), minidl=minidl.__version__,
+                    simd=minidl.get_simd(), python=platform.python_version(),
+                    date=datetime.datetime.now().isoformat(timespec="seconds"),
+                    git_commit=git_commit(), loadavg=load_average())
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(dict(benchmark="gemm", machine=info, results=rows), f, indent=2)
+            f.write("\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""ops.sgemm against the float64 reference, on the scalar and AVX2 paths, 1 and 2 threads.
+
+The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows of
+C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
+4096, tiles of 6 x 16.  The shapes below cross each of these boundaries.
+"""
+import numpy as np
+import pytest
+
+import minidl
+from minidl import _C, ops
+
+from helpers import assert_close, f32
+import reference as ref
+
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+SQUARE = [(s, s, s) for s in (1, 2, 7, 15, 16, 17, 33, 100)]
+MIXED = [
+    (1, 100, 7), (100, 1, 7), (6, 16, 1), (5, 17, 3), (13, 47, 9),
+    (7, 33, 321),     # two K blocks, the second of one element more
+    (12, 40, 700),    # three K blocks
+    (150, 35, 20),    # a thread's row group (144) plus a partial one
+    (290, 18, 5),     # more than two row groups
+    (1540, 17, 4),    # two row packing steps (1536)
+    (9, 4100, 3),     # two column steps (4096)
+    (16, 1024, 27),   # a convolution-like shape: small M, wide N
+]
+
+
+def operands(rng, m, n, k, trans_a, trans_b):
+    a = f32(rng, *((k, m) if trans_a else (m, k)))
+    b = f32(rng, *((n, k) if trans_b else (k, n)))
+    return a, b
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", SQUARE + MIXED)
+def test_sgemm(simd, threads, rng, m, n, k, trans_a, trans_b):
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert_close(got, ref.sgemm(a, b, trans_a, trans_b), "gemm", f"sgemm {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("alpha,beta", [(0.5, 0.0), (1.0, 1.0), (-2.0, 0.25), (0.0, -1.5)])
+@pytest.mark.parametrize("m,n,k", [(7, 15, 17), (33, 100, 2), (20, 37, 400)])
+def test_sgemm_alpha_beta_in_place(simd, threads, rng, m, n, k, trans_a, trans_b, alpha, beta):
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    c = f32(rng, m, n)
+    out = c.copy()
+    got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, out=out)
+    assert got is out
+    assert_close(out, ref.sgemm(a, b, trans_a, trans_b, alpha, beta, c), "gemm")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 33, 5), (16, 32, 12), (50, 70, 330)])
+def test_sgemm_beta0_ignores_nan_in_out(simd, threads, rng, m, n, k):
+    a, b = f32(rng, m, k), f32(rng, k, n)
+    out = np.full((m, n), np.nan, np.float32)
+    ops.sgemm(a, b, alpha=1.5, beta=0.0, out=out)
+    assert np.isfinite(out).all()
+    assert_close(out, ref.sgemm(a, b, alpha=1.5), "gemm")
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_sgemm_k0_scales_out(simd, threads, rng, beta):
+    c = f32(rng, 9, 20)
+    out = c.copy() if beta else np.full((9, 20), np.nan, np.float32)
+    ops.sgemm(np.empty((9, 0), np.float32), np.empty((0, 20), np.float32), beta=beta, out=out)
+    np.testing.assert_array_equal(out, beta * c if beta else np.zeros((9, 20), np.float32))
+
+
+def test_sgemm_empty_result(simd):
+    assert ops.sgemm(np.empty((0, 5), np.float32), f32(np.random.default_rng(0), 5, 3)).shape == (0, 3)
+    assert ops.sgemm(np.ones((4, 5), np.float32), np.empty((5, 0), np.float32)).shape == (4, 0)
+
+
+def test_sgemm_nan_in_inputs_propagates(simd):
+    a = np.ones((8, 8), np.float32)
+    a[3, 2] = np.nan
+    got = ops.sgemm(a, np.ones((8, 20), np.float32))
+    assert np.isnan(got[3]).all() and np.isfinite(np.delete(got, 3, axis=0)).all()
+
+
+def test_sgemm_same_result_for_any_thread_count(rng):
+    """The AVX2 kernel sums each element in the same order whatever the thread grid."""
+    a, b = f32(rng, 130, 333), f32(rng, 333, 200)
+    before = minidl.get_num_threads()
+    try:
+        results = []
+        for nt in (1, 2, 3):
+            minidl.set_num_threads(nt)
+            results.append(ops.sgemm(a, b))
+    finally:
+        minidl.set_num_threads(before)
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_sgemm_non_contiguous_and_float64_inputs(simd, rng):
+    a = f32(rng, 20, 30)[:, ::2]           # (20, 15), strided
+    b = rng.standard_normal((15, 9))       # float64: converted
+    assert_close(ops.sgemm(a, b), ref.sgemm(a, b.astype(np.float32)), "gemm")
+
+
+def test_sgemm_workspace_contract(simd, rng):
+    m, n, k = 30, 40, 50
+    a, b = f32(rng, m, k), f32(rng, k, n)
+    size = _C.sgemm_workspace_size(m, n, k)
+    assert size > 0 and _C.sgemm_workspace_size(m, n, 0) == 0
+    c = np.empty((m, n), np.float32)
+    _C.sgemm(False, False, m, n, k, 1.0, a.reshape(-1), k, b.reshape(-1), n, 0.0,
+             c.reshape(-1), n, np.empty(size // 4, np.float32))
+    assert_close(c, ref.sgemm(a, b), "gemm")
+    with pytest.raises(ValueError, match="workspace"):
+        _C.sgemm(False, False, m, n, k, 1.0, a.reshape(-1), k, b.reshape(-1), n, 0.0,
+                 c.reshape(-1), n, np.empty(size // 4 - 1, np.float32))
+
+
+def test_sgemm_c_argument_checks():
+    one = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="m must be >= 0"):
+        _C.sgemm(False, False, -1, 2, 2, 1.0, one, 2, one, 2, 0.0, one, 2)
+    with pytest.raises(ValueError, match="lda"):
+        _C.sgemm(False, False, 2, 2, 2, 1.0, one, 1, one, 2, 0.0, one, 2)
+    with pytest.raises(ValueError, match="ldb"):
+        _C.sgemm(False, True, 2, 2, 2, 1.0, one, 2, one, 1, 0.0, one, 2)
+    with pytest.raises(ValueError, match="ldc"):
+        _C.sgemm(False, False, 2, 2, 2, 1.0, one, 2, one, 2, 0.0, one, 1)
+    with pytest.raises(ValueError, match="must not be NULL"):
+        _C.sgemm(False, False, 2, 2, 2, 1.0, None, 2, one, 2, 0.0, one, 2)
+
+
+# ---- bad input through ops.sgemm ---------------------------------------------------
+
+A = np.ones((3, 4), np.float32)
+B = np.ones((4, 5), np.float32)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(a=A.astype(np.int32), b=B), TypeError, "a must be a float32 array"),
+    (dict(a=A, b=B.astype(bool)), TypeError, "b must be a float32 array"),
+    (dict(a=A.tolist(), b=B), TypeError, "a must be a numpy.ndarray"),
+    (dict(a=A, b=B.tolist()), TypeError, "b must be a numpy.ndarray"),
+    (dict(a=np.ones(4, np.float32), b=B), ValueError, "a must be 2-D"),
+    (dict(a=A, b=np.ones((1, 4, 5), np.float32)), ValueError, "b must be 2-D"),
+    (dict(a=A, b=np.ones((3, 5), np.float32)), ValueError, "inner dimensions differ"),
+    (dict(a=A, b=B, trans_a=True), ValueError, "inner dimensions differ"),
+    (dict(a=A, b=B, trans_a=1), TypeError, "trans_a must be a bool"),
+    (dict(a=A, b=B, trans_b="no"), TypeError, "trans_b must be a bool"),
+    (dict(a=A, b=B, alpha="2"), TypeError, "alpha must be a real number"),
+    (dict(a=A, b=B, alpha=np.nan), ValueError, "alpha"),
+    (dict(a=A, b=B, beta=1.0), ValueError, "beta != 0 needs out"),
+    (dict(a=A, b=B, out=np.empty((5, 3), np.float32)), ValueError, r"out must have shape \(3, 5\)"),
+    (dict(a=A, b=B, out=np.empty((3, 5))), TypeError, "out must be a float32 array"),
+    (dict(a=A, b=B, out=np.empty((3, 5), np.float32).tolist()), TypeError, "out must be a numpy"),
+    (dict(a=A, b=B, out=np.empty((5, 3), np.float32).T), ValueError, "out must be C-contiguous"),
+])
+def test_sgemm_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        ops.sgemm(**kwargs)
+
+
+def test_sgemm_read_only_or_overlapping_out():
+    out = np.empty((3, 5), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be writable"):
+        ops.sgemm(A, B, out=out)
+    sq = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="must not overlap"):
+        ops.sgemm(sq, np.ones((4, 4), np.float32), out=sq)
