@@ -1,8 +1,10 @@
 """The one comparison every op test uses, with its tolerances in one table.
 
-Error measure: max |got - want| / max(max |want|, 1e-3), where `want` is the
-float64 reference.  Normalising by the largest reference value (not
-element-wise) keeps entries that cancel to near zero from dominating.
+Error measure: max |got - want| / max(max |want|, scale), where `want` is the
+float64 reference and `scale` (default 1e-3) the magnitude of the inputs where
+the result may cancel to far below them (an optimizer state after several
+steps).  Normalising by the largest value, not element-wise, keeps entries that
+cancel to near zero from dominating.
 """
 import numpy as np
 
@@ -18,17 +20,17 @@ TOL = {
 }
 
 
-def rel_err(got, want) -> float:
+def rel_err(got, want, scale: float = 1e-3) -> float:
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
     assert got.shape == want.shape, f"shape {got.shape} != reference {want.shape}"
     if got.size == 0:
         return 0.0
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3))
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), scale))
 
 
-def assert_close(got, want, kind: str, what: str = "") -> None:
-    err = rel_err(got, want)
+def assert_close(got, want, kind: str, what: str = "", scale: float = 1e-3) -> None:
+    err = rel_err(got, want, scale)
     tol = TOL[kind]
     assert err <= tol, f"{what or kind}: relative error {err:.3g} > tolerance {tol:g}"
 
