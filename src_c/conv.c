@@ -238,32 +238,29 @@ void mdl_conv_col2im_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, c
 
 /* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
 
-/* One image: col (K, P) rows [r0, r1) from x (c_in, h, w); row (ci, i, j), column
+/* One image: rows [r0, r1) of col (K, P) from x (c_in, h, w); row (ci, i, j), column
  * (oh, ow) holds x[ci, oh*sh - ph + i, ow*sw - pw + j], or 0 in the padding. */
-static void im2col_rows(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
-                        float *col, int64_t r0, int64_t r1)
+void mdl_conv_im2col_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
+                            float *col, int64_t r0, int64_t r1)
 {
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
-    const size_t fsz = sizeof(float);
     for (int64_t r = r0; r < r1; r++) {
         int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
         float *dst = col + r * ho * wo;
         int64_t oh0, oh1, ow0, ow1;
         mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
         mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
-        if (oh0 > 0) memset(dst, 0, (size_t)(oh0 * wo) * fsz);
-        for (int64_t oh = oh0; oh < oh1; oh++) {
+        for (int64_t oh = 0; oh < ho; oh++) {
             float *d = dst + oh * wo;
-            const float *src = x + (ci * h + oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
-            if (ow0 > 0) memset(d, 0, (size_t)ow0 * fsz);
-            if (sw == 1) {
-                memcpy(d + ow0, src + ow0, (size_t)(ow1 - ow0) * fsz);
-            } else {
-                for (int64_t ow = ow0; ow < ow1; ow++) d[ow] = src[ow * sw];
+            if (oh < oh0 || oh >= oh1) {
+                for (int64_t ow = 0; ow < wo; ow++) d[ow] = 0.0f;
+                continue;
             }
-            if (ow1 < wo) memset(d + ow1, 0, (size_t)(wo - ow1) * fsz);
+            const float *src = x + (ci * h + oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
+            for (int64_t ow = 0; ow < ow0; ow++) d[ow] = 0.0f;
+            for (int64_t ow = ow0; ow < ow1; ow++) d[ow] = src[ow * sw];
+            for (int64_t ow = ow1; ow < wo; ow++) d[ow] = 0.0f;
         }
-        if (oh1 < ho) memset(dst + oh1 * wo, 0, (size_t)((ho - oh1) * wo) * fsz);
     }
 }
 
@@ -274,7 +271,7 @@ static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x
     if (nt > rows) nt = (int)rows;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++)
-        im2col_rows(s, g->ho, g->wo, x, col, rows * t / nt, rows * (t + 1) / nt);
+        mdl_conv_im2col_avx2(s, g->ho, g->wo, x, col, rows * t / nt, rows * (t + 1) / nt);
 }
 
 static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, float *dx)

@@ -30,6 +30,9 @@ CASES = [
     (1, 2, 3, 3, 1, 5, 5, 1, 1),              # kernel as large as the padded input
     (2, 17, 12, 12, 9, 3, 3, 1, 1),
     (1, 3, 5, 40, 2, 3, 3, 3, 0),             # stride leaves input columns unused
+    (1, 3, 6, 45, 4, 3, 3, (1, 2), (1, 1)),   # wide rows: vector loops and their tails
+    (1, 2, 4, 37, 3, 5, 5, 1, 3),
+    (1, 2, 3, 20, 2, 1, 19, 1, (0, 9)),       # padding wider than a vector
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
