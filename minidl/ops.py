@@ -144,7 +144,8 @@ def _conv_shapes(x: np.ndarray, w: np.ndarray, stride, padding):
     if c_in < 1 or h < 1 or wd < 1:
         raise ValueError(f"x (N, C_in, H, W) must have C_in, H and W >= 1, got shape {x.shape}")
     if c_out < 1 or kh < 1 or kw < 1:
-        raise ValueError(f"w (C_out, C_in, kh, kw) must have C_out, kh and kw >= 1, got shape {w.shape}")
+        raise ValueError(f"w (C_out, C_in, kh, kw) must have C_out, kh and kw >= 1, "
+                         f"got shape {w.shape}")
     if w_c_in != c_in:
         raise ValueError(f"w must have C_in = {c_in} input channels (x.shape[1]) in dimension 1, "
                          f"got w of shape {w.shape}")

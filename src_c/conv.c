@@ -31,9 +31,10 @@ typedef struct conv_geom {
 static mdl_status check_shape(const char *fn, const mdl_conv2d_shape *s, int64_t *ho, int64_t *wo)
 {
     MDL_CHECK(s != NULL, "%s: shape s must not be NULL", fn);
-#define FIELD_IN(f, lo)                                                                     \
-    MDL_CHECK(s->f >= (lo) && s->f <= SIZE_LIMIT, "%s: shape field %s must be in [%d, %lld], got %lld", \
-              fn, #f, (lo), SIZE_LIMIT, (long long)s->f)
+#define FIELD_IN(f, lo)                                                               \
+    MDL_CHECK(s->f >= (lo) && s->f <= SIZE_LIMIT,                                     \
+              "%s: shape field %s must be in [%d, %lld], got %lld", fn, #f, (lo), SIZE_LIMIT, \
+              (long long)s->f)
     FIELD_IN(n, 1);
     FIELD_IN(c_in, 1);
     FIELD_IN(h, 1);
@@ -117,7 +118,8 @@ size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 
 /* ---- scalar reference ----------------------------------------------------------- */
 
-/* y (n, c_out, ho, wo) = sum over ci, i, j of x[ci, oh*sh - ph + i, ow*sw - pw + j] * w[co, ci, i, j] + bias */
+/* y (n, c_out, ho, wo) = bias[co] + sum over ci, i, j of
+ *     x[ci, oh*sh - ph + i, ow*sw - pw + j] * w[co, ci, i, j] */
 static void forward_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
                            const float *w, const float *bias, float *y)
 {
@@ -160,7 +162,8 @@ static void backward_data_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t 
         float *dxp = dx + pl * h * wd;
         for (int64_t k = 0; k < h * wd; k++) dxp[k] = 0.0f;
         for (int64_t co = 0; co < c_out; co++) {
-            const float *dyp = dy + (b * c_out + co) * ho * wo, *wk = w + (co * c_in + ci) * kh * kw;
+            const float *dyp = dy + (b * c_out + co) * ho * wo;
+            const float *wk = w + (co * c_in + ci) * kh * kw;
             for (int64_t oh = 0; oh < ho; oh++)
                 for (int64_t ow = 0; ow < wo; ow++) {
                     float g = dyp[oh * wo + ow];
@@ -208,6 +211,9 @@ static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64
     }
 }
 
+/* Portable twins of the conv_avx2.c helpers (conv.h documents them); the AVX2
+ * ones must match them, and they stand in where the AVX2 file is not built. */
+
 float mdl_conv_sum_scalar(const float *p, int64_t count)
 {
     float acc = 0.0f;
@@ -236,10 +242,7 @@ void mdl_conv_col2im_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, c
     }
 }
 
-/* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
-
-/* One image: rows [r0, r1) of col (K, P) from x (c_in, h, w); row (ci, i, j), column
- * (oh, ow) holds x[ci, oh*sh - ph + i, ow*sw - pw + j], or 0 in the padding. */
+/* One image: rows [r0, r1) of col (K, P) from x (c_in, h, w) (portable twin) */
 void mdl_conv_im2col_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
                             float *col, int64_t r0, int64_t r1)
 {
@@ -264,6 +267,8 @@ void mdl_conv_im2col_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, c
     }
 }
 
+/* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
+
 static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, float *col)
 {
     const int64_t rows = g->K;
@@ -286,7 +291,7 @@ static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *c
 
 /* ---- public entry points ------------------------------------------------------------ */
 
-/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out, optional) */
+/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out or NULL) */
 mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                               const float *bias, float *y, void *workspace, size_t workspace_bytes)
 {

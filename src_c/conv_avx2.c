@@ -114,12 +114,14 @@ static inline void add_row(float *dst, const float *src, int64_t count)
 {
     int64_t i = 0;
     for (; i + 16 <= count; i += 16) {
-        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
         _mm256_storeu_ps(dst + i + 8,
                          _mm256_add_ps(_mm256_loadu_ps(dst + i + 8), _mm256_loadu_ps(src + i + 8)));
     }
     for (; i + 8 <= count; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
     if (i < count) {
         __m256i m = lane_mask(0, count - i);
         _mm256_maskstore_ps(dst + i, m, _mm256_add_ps(_mm256_maskload_ps(dst + i, m),
@@ -138,7 +140,8 @@ static inline void scatter2_add_row(float *dst, const float *src, int64_t count)
         __m256 lo = _mm256_unpacklo_ps(v, z); /* v0 0 v1 0 | v4 0 v5 0 */
         __m256 hi = _mm256_unpackhi_ps(v, z); /* v2 0 v3 0 | v6 0 v7 0 */
         float *d = dst + 2 * k;
-        _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), _mm256_permute2f128_ps(lo, hi, 0x20)));
+        _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d),
+                                          _mm256_permute2f128_ps(lo, hi, 0x20)));
         _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8),
                                               _mm256_permute2f128_ps(lo, hi, 0x31)));
     }
