@@ -138,6 +138,84 @@ def sgemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool 
 
 # ---- convolution ------------------------------------------------------------------
 
+
+def _conv_shapes(x: np.ndarray, w: np.ndarray, stride, padding):
+    """Checks x, w and the hyper-parameters; returns the 11-tuple shape of the C
+    API and the output size (h_out, w_out)."""
+    n, c_in, h, wd = x.shape
+    c_out, w_c_in, kh, kw = w.shape
+    if c_in < 1 or h < 1 or wd < 1:
+        raise ValueError(f"x (N, C_in, H, W) must have C_in, H and W >= 1, got shape {x.shape}")
+    if c_out < 1 or kh < 1 or kw < 1:
+        raise ValueError(f"w (C_out, C_in, kh, kw) must have C_out, kh and kw >= 1, "
+                         f"got shape {w.shape}")
+    if w_c_in != c_in:
+        raise ValueError(f"w must have C_in = {c_in} input channels (x.shape[1]) in dimension 1, "
+                         f"got w of shape {w.shape}")
+    sh, sw = _pair("stride", stride, 1)
+    ph, pw = _pair("padding", padding, 0)
+    hp, wp = h + 2 * ph, wd + 2 * pw
+    if hp < kh or wp < kw:
+        raise ValueError(f"output too small: kernel (kh, kw) = ({kh}, {kw}) is larger than the "
+                         f"padded input (H + 2*pad_h, W + 2*pad_w) = ({hp}, {wp}); "
+                         f"use a smaller kernel or more padding")
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    return (n, c_in, h, wd, c_out, kh, kw, sh, sw, ph, pw), (ho, wo)
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
+           stride: IntPair = 1, padding: IntPair = 0) -> np.ndarray:
+    """2-D convolution (cross-correlation) with zero padding [torch.nn.functional.conv2d].
+
+    x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), b: (C_out,) or None.
+    stride (>= 1) and padding (>= 0): an int or an (h, w) pair.
+    Returns y: (N, C_out, H_out, W_out), H_out = (H + 2 * pad_h - kh) // stride_h + 1.
+    """
+    x = _input("x", x, 4, "(N, C_in, H, W)")
+    w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
+    shape, (ho, wo) = _conv_shapes(x, w, stride, padding)
+    c_out = shape[4]
+    if b is not None:
+        b = _input("b", b, 1, "(C_out,)")
+        if b.shape != (c_out,):
+            raise ValueError(f"b must have shape (C_out,) = ({c_out},), got {b.shape}")
+    y = np.empty((x.shape[0], c_out, ho, wo), np.float32)
+    if x.shape[0] == 0:
+        return y
+    _C.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1))
+    return y
+
+
+def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: IntPair = 1,
+                    padding: IntPair = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of conv2d(x, w, b, stride=stride, padding=padding) given dy = dL/dy.
+
+    x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), dy: (N, C_out, H_out, W_out), exactly
+    the output shape.  Returns (dx, dw, db) with the shapes of x, w and (C_out,).
+    """
+    x = _input("x", x, 4, "(N, C_in, H, W)")
+    w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
+    shape, (ho, wo) = _conv_shapes(x, w, stride, padding)
+    dy = _input("dy", dy, 4, "(N, C_out, H_out, W_out)")
+    n, c_out = x.shape[0], shape[4]
+    if dy.shape != (n, c_out, ho, wo):
+        raise ValueError(f"dy must have the output shape (N, C_out, H_out, W_out) = "
+                         f"{(n, c_out, ho, wo)}, got {dy.shape}")
+    dx = np.empty_like(x)
+    dw = np.empty_like(w)
+    db = np.empty(c_out, np.float32)
+    if n == 0:
+        dw.fill(0.0)
+        db.fill(0.0)
+        return dx, dw, db
+    # one workspace for both calls that need one
+    ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+    _C.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
+    _C.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
+    _C.conv2d_backward_bias(shape, dy.reshape(-1), db)
+    return dx, dw, db
+
+
 # ---- pooling ----------------------------------------------------------------------
 
 # ---- elementwise ------------------------------------------------------------------

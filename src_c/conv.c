@@ -1,29 +1,430 @@
-/* conv.c -- placeholder: not implemented yet. */
+/* conv.c -- 2-D convolution (cross-correlation, NCHW, zero padding), forward
+ * and the three gradients.
+ *
+ * Two versions, chosen at run time:
+ *  - the scalar reference: direct loops over the definition, the test
+ *    oracle and the portable fallback;
+ *  - the fast path (AVX2 selected): per image, im2col into the workspace and
+ *    one SGEMM with a small M (c_out) and a large N (h_out * w_out).  A 1x1
+ *    kernel with stride 1 and no padding skips im2col: x itself is the
+ *    column matrix.
+ * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
+ * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
+#include <string.h>
 #include "common.h"
+#include "conv.h"
+
+/* ---- shape checks and workspace layout -------------------------------------------- */
+
+#define SIZE_LIMIT 2147483647LL          /* every shape field fits in 31 bits */
+#define COUNT_LIMIT 1152921504606846976.0 /* 2^60 elements in any tensor or buffer */
+
+typedef struct conv_geom {
+    int64_t ho, wo;      /* output size */
+    int64_t K, P;        /* rows and columns of the column matrix */
+    int pointwise;       /* 1x1 kernel, stride 1, no padding: no im2col */
+    size_t col_floats;   /* column matrix of one image, rounded up to 64 bytes */
+    size_t gemm_bytes;   /* the largest SGEMM workspace of the three ops */
+    size_t need;         /* the whole workspace, with MDL_WS_SLACK */
+} conv_geom;
+
+static mdl_status check_shape(const char *fn, const mdl_conv2d_shape *s, int64_t *ho, int64_t *wo)
+{
+    MDL_CHECK(s != NULL, "%s: shape s must not be NULL", fn);
+#define FIELD_IN(f, lo)                                                               \
+    MDL_CHECK(s->f >= (lo) && s->f <= SIZE_LIMIT,                                     \
+              "%s: shape field %s must be in [%d, %lld], got %lld", fn, #f, (lo), SIZE_LIMIT, \
+              (long long)s->f)
+    FIELD_IN(n, 1);
+    FIELD_IN(c_in, 1);
+    FIELD_IN(h, 1);
+    FIELD_IN(w, 1);
+    FIELD_IN(c_out, 1);
+    FIELD_IN(kh, 1);
+    FIELD_IN(kw, 1);
+    FIELD_IN(stride_h, 1);
+    FIELD_IN(stride_w, 1);
+    FIELD_IN(pad_h, 0);
+    FIELD_IN(pad_w, 0);
+#undef FIELD_IN
+    int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    MDL_CHECK(hp >= s->kh && wp >= s->kw,
+              "%s: kernel size can't be greater than actual input size: kernel (kh, kw) = "
+              "(%lld, %lld), padded input (h + 2*pad_h, w + 2*pad_w) = (%lld, %lld)",
+              fn, (long long)s->kh, (long long)s->kw, (long long)hp, (long long)wp);
+    int64_t oh = (hp - s->kh) / s->stride_h + 1, ow = (wp - s->kw) / s->stride_w + 1;
+    double x_count = (double)s->n * s->c_in * s->h * s->w;
+    double y_count = (double)s->n * s->c_out * oh * ow;
+    double col_count = (double)s->c_in * s->kh * s->kw * oh * ow;
+    double w_count = (double)s->c_out * s->c_in * s->kh * s->kw;
+    MDL_CHECK(x_count <= COUNT_LIMIT && y_count <= COUNT_LIMIT && col_count <= COUNT_LIMIT &&
+                  w_count <= COUNT_LIMIT,
+              "%s: shape too large: x has %.0f elements, y %.0f, w %.0f, the column matrix %.0f "
+              "(limit 2^60)", fn, x_count, y_count, w_count, col_count);
+    *ho = oh;
+    *wo = ow;
+    return MDL_OK;
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
+{
+    mdl_status st = check_shape(fn, s, &g->ho, &g->wo);
+    if (st != MDL_OK) return st;
+    g->K = s->c_in * s->kh * s->kw;
+    g->P = g->ho * g->wo;
+    g->pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
+                   s->pad_h == 0 && s->pad_w == 0;
+    g->col_floats = g->pointwise ? 0 : ((size_t)(g->K * g->P) + 15) & ~(size_t)15;
+    size_t fwd = mdl_sgemm_workspace_size(s->c_out, g->P, g->K);   /* y = W @ col */
+    size_t bwd_data = mdl_sgemm_workspace_size(g->K, g->P, s->c_out); /* col = W^T @ dy */
+    size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, g->P);  /* dw = dy @ col^T */
+    g->gemm_bytes = max_size(fwd, max_size(bwd_data, bwd_w));
+    g->need = g->col_floats * sizeof(float) + g->gemm_bytes + MDL_WS_SLACK;
+    return MDL_OK;
+}
+
+/* The fast path takes its scratch memory from the workspace (or allocates it);
+ * the scalar path needs none but rejects a too-small workspace all the same,
+ * so a call fails or succeeds alike on every CPU. */
+static mdl_status take_workspace(const char *fn, const conv_geom *g, int fast, void *ws,
+                                 size_t ws_bytes, void **owned, float **out)
+{
+    *owned = NULL;
+    *out = NULL;
+    if (fast) return mdl_workspace(fn, ws, ws_bytes, g->need, owned, out);
+    if (ws != NULL && ws_bytes < g->need)
+        return mdl_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
+                         ws_bytes, g->need);
+    return MDL_OK;
+}
 
 mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out, int64_t *w_out)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_conv2d_output_size: not implemented");
+    MDL_CHECK_PTR(h_out);
+    MDL_CHECK_PTR(w_out);
+    return check_shape(__func__, s, h_out, w_out);
 }
 
-size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s) { return 0; }
-
-mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w, const float *bias, float *y, void *workspace, size_t workspace_bytes)
+/* bytes of: the column matrix of one image + the largest SGEMM workspace + slack;
+ * 0 for an invalid shape (the calls then report the error) */
+size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_conv2d_forward: not implemented");
+    conv_geom g;
+    if (geometry(__func__, s, &g) != MDL_OK) return 0;
+    return g.need;
 }
 
-mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w, float *dx, void *workspace, size_t workspace_bytes)
+/* ---- scalar reference ----------------------------------------------------------- */
+
+/* y (n, c_out, ho, wo) = bias[co] + sum over ci, i, j of
+ *     x[ci, oh*sh - ph + i, ow*sw - pw + j] * w[co, ci, i, j] */
+static void forward_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
+                           const float *w, const float *bias, float *y)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_conv2d_backward_data: not implemented");
+    const int64_t c_in = s->c_in, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
+    const int64_t planes = s->n * s->c_out;
+    int nt = mdl_threads_for((double)planes * ho * wo * c_in * kh * kw);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        int64_t b = pl / s->c_out, co = pl % s->c_out;
+        const float *xb = x + b * c_in * h * wd, *wc = w + co * c_in * kh * kw;
+        float *yp = y + pl * ho * wo;
+        for (int64_t oh = 0; oh < ho; oh++)
+            for (int64_t ow = 0; ow < wo; ow++) {
+                float acc = bias ? bias[co] : 0.0f;
+                for (int64_t ci = 0; ci < c_in; ci++)
+                    for (int64_t i = 0; i < kh; i++) {
+                        int64_t ih = oh * s->stride_h - s->pad_h + i;
+                        if (ih < 0 || ih >= h) continue;
+                        for (int64_t j = 0; j < kw; j++) {
+                            int64_t iw = ow * s->stride_w - s->pad_w + j;
+                            if (iw < 0 || iw >= wd) continue;
+                            acc += xb[(ci * h + ih) * wd + iw] * wc[(ci * kh + i) * kw + j];
+                        }
+                    }
+                yp[oh * wo + ow] = acc;
+            }
+    }
 }
 
-mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy, float *dw, int accumulate, void *workspace, size_t workspace_bytes)
+/* dx (n, c_in, h, w) = the transpose of forward_scalar applied to dy, overwritten */
+static void backward_data_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
+                                 const float *dy, const float *w, float *dx)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_conv2d_backward_weights: not implemented");
+    const int64_t c_in = s->c_in, c_out = s->c_out, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
+    const int64_t planes = s->n * c_in;
+    int nt = mdl_threads_for((double)planes * ho * wo * c_out * kh * kw);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        int64_t b = pl / c_in, ci = pl % c_in;
+        float *dxp = dx + pl * h * wd;
+        for (int64_t k = 0; k < h * wd; k++) dxp[k] = 0.0f;
+        for (int64_t co = 0; co < c_out; co++) {
+            const float *dyp = dy + (b * c_out + co) * ho * wo;
+            const float *wk = w + (co * c_in + ci) * kh * kw;
+            for (int64_t oh = 0; oh < ho; oh++)
+                for (int64_t ow = 0; ow < wo; ow++) {
+                    float g = dyp[oh * wo + ow];
+                    for (int64_t i = 0; i < kh; i++) {
+                        int64_t ih = oh * s->stride_h - s->pad_h + i;
+                        if (ih < 0 || ih >= h) continue;
+                        for (int64_t j = 0; j < kw; j++) {
+                            int64_t iw = ow * s->stride_w - s->pad_w + j;
+                            if (iw < 0 || iw >= wd) continue;
+                            dxp[ih * wd + iw] += g * wk[i * kw + j];
+                        }
+                    }
+                }
+        }
+    }
 }
 
-mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db, int accumulate)
+/* dw (c_out, c_in, kh, kw) = or += sum over n, oh, ow of x[n, ci, ih, iw] * dy[n, co, oh, ow] */
+static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
+                                    const float *x, const float *dy, float *dw, int accumulate)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_conv2d_backward_bias: not implemented");
+    const int64_t c_in = s->c_in, c_out = s->c_out, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
+    const int64_t pairs = c_out * c_in;
+    int nt = mdl_threads_for((double)pairs * s->n * ho * wo * kh * kw);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t pr = 0; pr < pairs; pr++) {
+        int64_t co = pr / c_in, ci = pr % c_in;
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                int64_t oh0, oh1, ow0, ow1;
+                mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
+                mdl_conv_valid_range(wd, wo, s->stride_w, s->pad_w, j, &ow0, &ow1);
+                float acc = 0.0f;
+                for (int64_t b = 0; b < s->n; b++) {
+                    const float *xp = x + (b * c_in + ci) * h * wd;
+                    const float *dyp = dy + (b * c_out + co) * ho * wo;
+                    for (int64_t oh = oh0; oh < oh1; oh++)
+                        for (int64_t ow = ow0; ow < ow1; ow++)
+                            acc += xp[(oh * s->stride_h - s->pad_h + i) * wd +
+                                      ow * s->stride_w - s->pad_w + j] * dyp[oh * wo + ow];
+                }
+                float *d = dw + (pr * kh + i) * kw + j;
+                *d = accumulate ? *d + acc : acc;
+            }
+    }
+}
+
+/* Portable twins of the conv_avx2.c helpers (conv.h documents them); the AVX2
+ * ones must match them, and they stand in where the AVX2 file is not built. */
+
+float mdl_conv_sum_scalar(const float *p, int64_t count)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < count; i++) acc += p[i];
+    return acc;
+}
+
+void mdl_conv_col2im_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
+                            float *dx, int64_t c0, int64_t c1)
+{
+    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, P = ho * wo;
+    for (int64_t ci = c0; ci < c1; ci++) {
+        float *plane = dx + ci * h * w;
+        memset(plane, 0, (size_t)(h * w) * sizeof(float));
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                const float *row = col + ((ci * kh + i) * kw + j) * P;
+                int64_t oh0, oh1, ow0, ow1;
+                mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
+                mdl_conv_valid_range(w, wo, s->stride_w, s->pad_w, j, &ow0, &ow1);
+                for (int64_t oh = oh0; oh < oh1; oh++) {
+                    float *d = plane + (oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
+                    for (int64_t ow = ow0; ow < ow1; ow++) d[ow * s->stride_w] += row[oh * wo + ow];
+                }
+            }
+    }
+}
+
+/* One image: rows [r0, r1) of col (K, P) from x (c_in, h, w) (portable twin) */
+void mdl_conv_im2col_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
+                            float *col, int64_t r0, int64_t r1)
+{
+    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
+        float *dst = col + r * ho * wo;
+        int64_t oh0, oh1, ow0, ow1;
+        mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
+        mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
+        for (int64_t oh = 0; oh < ho; oh++) {
+            float *d = dst + oh * wo;
+            if (oh < oh0 || oh >= oh1) {
+                for (int64_t ow = 0; ow < wo; ow++) d[ow] = 0.0f;
+                continue;
+            }
+            const float *src = x + (ci * h + oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
+            for (int64_t ow = 0; ow < ow0; ow++) d[ow] = 0.0f;
+            for (int64_t ow = ow0; ow < ow1; ow++) d[ow] = src[ow * sw];
+            for (int64_t ow = ow1; ow < wo; ow++) d[ow] = 0.0f;
+        }
+    }
+}
+
+/* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
+
+static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, float *col)
+{
+    const int64_t rows = g->K;
+    int nt = mdl_threads_for((double)rows * g->P);
+    if (nt > rows) nt = (int)rows;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++)
+        mdl_conv_im2col_avx2(s, g->ho, g->wo, x, col, rows * t / nt, rows * (t + 1) / nt);
+}
+
+static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, float *dx)
+{
+    const int64_t c_in = s->c_in;
+    int nt = mdl_threads_for((double)g->K * g->P);
+    if (nt > c_in) nt = (int)c_in;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++)
+        mdl_conv_col2im_avx2(s, g->ho, g->wo, col, dx, c_in * t / nt, c_in * (t + 1) / nt);
+}
+
+/* ---- public entry points ------------------------------------------------------------ */
+
+/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out or NULL) */
+mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
+                              const float *bias, float *y, void *workspace, size_t workspace_bytes)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(w);
+    MDL_CHECK_PTR(y);
+    int fast = mdl_use_avx2();
+    void *owned;
+    float *ws;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    if (st != MDL_OK) return st;
+    if (!fast) {
+        forward_scalar(s, g.ho, g.wo, x, w, bias, y);
+        return MDL_OK;
+    }
+    const int64_t c_out = s->c_out, K = g.K, P = g.P;
+    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
+        const float *xb = x + b * s->c_in * s->h * s->w;
+        float *yb = y + b * c_out * P;
+        const float *col = xb;
+        if (!g.pointwise) {
+            im2col(s, &g, xb, colbuf);
+            col = colbuf;
+        }
+        if (bias) /* start each output row at its bias and let the GEMM add to it */
+            for (int64_t co = 0; co < c_out; co++)
+                for (int64_t p = 0; p < P; p++) yb[co * P + p] = bias[co];
+        st = mdl_sgemm(0, 0, c_out, P, K, 1.0f, w, K, col, P, bias ? 1.0f : 0.0f, yb, P,
+                       gemm_ws, g.gemm_bytes);
+    }
+    mdl_free(owned);
+    return st;
+}
+
+/* dx (n, c_in, h, w) = conv_transpose(dy (n, c_out, ho, wo), w), overwritten */
+mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
+                                    float *dx, void *workspace, size_t workspace_bytes)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(w);
+    MDL_CHECK_PTR(dx);
+    int fast = mdl_use_avx2();
+    void *owned;
+    float *ws;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    if (st != MDL_OK) return st;
+    if (!fast) {
+        backward_data_scalar(s, g.ho, g.wo, dy, w, dx);
+        return MDL_OK;
+    }
+    const int64_t c_out = s->c_out, K = g.K, P = g.P;
+    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
+        const float *dyb = dy + b * c_out * P;
+        float *dxb = dx + b * s->c_in * s->h * s->w;
+        if (g.pointwise) { /* dx = W^T @ dy directly */
+            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, dxb, P, gemm_ws,
+                           g.gemm_bytes);
+        } else {
+            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, colbuf, P, gemm_ws,
+                           g.gemm_bytes);
+            if (st == MDL_OK) col2im(s, &g, colbuf, dxb);
+        }
+    }
+    mdl_free(owned);
+    return st;
+}
+
+/* dw (c_out, c_in, kh, kw) = or += sum over images of dy[b] (c_out, P) @ col[b]^T (P, K) */
+mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,
+                                       float *dw, int accumulate, void *workspace,
+                                       size_t workspace_bytes)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(dw);
+    int fast = mdl_use_avx2();
+    void *owned;
+    float *ws;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    if (st != MDL_OK) return st;
+    if (!fast) {
+        backward_weights_scalar(s, g.ho, g.wo, x, dy, dw, accumulate != 0);
+        return MDL_OK;
+    }
+    const int64_t c_out = s->c_out, K = g.K, P = g.P;
+    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
+        const float *xb = x + b * s->c_in * s->h * s->w;
+        const float *col = xb;
+        if (!g.pointwise) {
+            im2col(s, &g, xb, colbuf);
+            col = colbuf;
+        }
+        float beta = (b > 0 || accumulate) ? 1.0f : 0.0f;
+        st = mdl_sgemm(0, 1, c_out, K, P, 1.0f, dy + b * c_out * P, P, col, P, beta, dw, K,
+                       gemm_ws, g.gemm_bytes);
+    }
+    mdl_free(owned);
+    return st;
+}
+
+/* db (c_out) = or += sum of dy (n, c_out, ho, wo) over n, ho, wo */
+mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,
+                                    int accumulate)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(db);
+    const int64_t c_out = s->c_out, P = g.P;
+    int avx2 = mdl_use_avx2();
+    int nt = mdl_threads_for((double)s->n * c_out * P);
+    if (nt > c_out) nt = (int)c_out;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t co = 0; co < c_out; co++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < s->n; b++) {
+            const float *p = dy + (b * c_out + co) * P;
+            acc += avx2 ? mdl_conv_sum_avx2(p, P) : mdl_conv_sum_scalar(p, P);
+        }
+        db[co] = accumulate ? db[co] + acc : acc;
+    }
+    return MDL_OK;
 }

@@ -1,0 +1,184 @@
+/* conv_avx2.c -- AVX2 pieces of the im2col convolution; compiled with -mavx2 -mfma.
+ * Row tails use masked loads and stores, or the scalar loop. */
+#include "common.h"
+#if MDL_X86
+#include <string.h>
+#include <immintrin.h>
+#include "conv.h"
+
+/* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
+static inline __m256i lane_mask(int64_t lo, int64_t hi)
+{
+    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
+    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32((int)lo - 1)),
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), idx));
+}
+
+/* d[0, count) = 0 */
+static inline void zero_row(float *d, int64_t count)
+{
+    const __m256 z = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(d + i, z);
+    if (i < count) _mm256_maskstore_ps(d + i, lane_mask(0, count - i), z);
+}
+
+/* d[0, n) = src[k] for k in [lo, hi), 0 elsewhere; src is read only in [lo, hi).
+ * Masked loads give the zeros, so short rows cost one load and one store per 8. */
+static inline void window_row(float *d, const float *src, int64_t n, int64_t lo, int64_t hi)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        if (k >= lo && k + 8 <= hi)
+            _mm256_storeu_ps(d + k, _mm256_loadu_ps(src + k));
+        else
+            _mm256_storeu_ps(d + k, _mm256_maskload_ps(src + k, lane_mask(lo - k, hi - k)));
+    }
+    if (k < n) {
+        __m256 v = _mm256_maskload_ps(src + k, lane_mask(lo - k, hi - k));
+        _mm256_maskstore_ps(d + k, lane_mask(0, n - k), v);
+    }
+}
+
+/* the even elements of a then b: a0 a2 a4 a6 b0 b2 b4 b6 */
+static inline __m256 even_lanes(__m256 a, __m256 b)
+{
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)); /* a0 a2 b0 b2 | a4 a6 b4 b6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* d[k] = src[2k] for k in [0, count); reads only src[0, 2*count - 1) */
+static inline void gather2_row(float *d, const float *src, int64_t count)
+{
+    int64_t k = 0;
+    for (; k + 9 <= count; k += 8)
+        _mm256_storeu_ps(d + k, even_lanes(_mm256_loadu_ps(src + 2 * k),
+                                           _mm256_loadu_ps(src + 2 * k + 8)));
+    for (; k < count; k++) d[k] = src[2 * k];
+}
+
+void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
+                          float *col, int64_t r0, int64_t r1)
+{
+    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
+        float *dst = col + r * ho * wo;
+        int64_t oh0, oh1, ow0, ow1;
+        mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
+        mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
+        zero_row(dst, oh0 * wo);
+        for (int64_t oh = oh0; oh < oh1; oh++) {
+            float *d = dst + oh * wo;
+            const float *src = x + (ci * h + oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
+            if (sw == 1) {
+                window_row(d, src, wo, ow0, ow1);
+                continue;
+            }
+            zero_row(d, ow0);
+            if (sw == 2) {
+                gather2_row(d + ow0, src + 2 * ow0, ow1 - ow0);
+            } else {
+                for (int64_t ow = ow0; ow < ow1; ow++) d[ow] = src[ow * sw];
+            }
+            zero_row(d + ow1, wo - ow1);
+        }
+        zero_row(dst + oh1 * wo, (ho - oh1) * wo);
+    }
+}
+
+/* sum of p[0, count), four independent 8-lane accumulators */
+float mdl_conv_sum_avx2(const float *p, int64_t count)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= count; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+    }
+    for (; i + 8 <= count; i += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q) + mdl_conv_sum_scalar(p + i, count - i);
+}
+
+/* dst[0, count) += src[0, count) */
+static inline void add_row(float *dst, const float *src, int64_t count)
+{
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16) {
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+        _mm256_storeu_ps(dst + i + 8,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i + 8), _mm256_loadu_ps(src + i + 8)));
+    }
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+    if (i < count) {
+        __m256i m = lane_mask(0, count - i);
+        _mm256_maskstore_ps(dst + i, m, _mm256_add_ps(_mm256_maskload_ps(dst + i, m),
+                                                      _mm256_maskload_ps(src + i, m)));
+    }
+}
+
+/* dst[2k] += src[k] for k in [0, count); touches only dst[0, 2*count - 1) (the odd
+ * entries in between get + 0, which changes nothing: dx starts at +0) */
+static inline void scatter2_add_row(float *dst, const float *src, int64_t count)
+{
+    const __m256 z = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 9 <= count; k += 8) {
+        __m256 v = _mm256_loadu_ps(src + k);
+        __m256 lo = _mm256_unpacklo_ps(v, z); /* v0 0 v1 0 | v4 0 v5 0 */
+        __m256 hi = _mm256_unpackhi_ps(v, z); /* v2 0 v3 0 | v6 0 v7 0 */
+        float *d = dst + 2 * k;
+        _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d),
+                                          _mm256_permute2f128_ps(lo, hi, 0x20)));
+        _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8),
+                                              _mm256_permute2f128_ps(lo, hi, 0x31)));
+    }
+    for (; k < count; k++) dst[2 * k] += src[k];
+}
+
+/* dx planes [c0, c1) = col2im(col): each col row (ci, i, j) is added back at
+ * its kernel offset; vector loops for stride_w 1 and 2. */
+void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
+                          float *dx, int64_t c0, int64_t c1)
+{
+    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w, sh = s->stride_h;
+    const int64_t P = ho * wo;
+    for (int64_t ci = c0; ci < c1; ci++) {
+        float *plane = dx + ci * h * w;
+        memset(plane, 0, (size_t)(h * w) * sizeof(float));
+        for (int64_t i = 0; i < kh; i++) {
+            int64_t oh0, oh1;
+            mdl_conv_valid_range(h, ho, sh, s->pad_h, i, &oh0, &oh1);
+            for (int64_t j = 0; j < kw; j++) {
+                const float *row = col + ((ci * kh + i) * kw + j) * P;
+                int64_t ow0, ow1;
+                mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
+                if (ow0 == ow1) continue;
+                for (int64_t oh = oh0; oh < oh1; oh++) {
+                    float *d = plane + (oh * sh - s->pad_h + i) * w - s->pad_w + j;
+                    const float *src = row + oh * wo;
+                    if (sw == 1) {
+                        add_row(d + ow0, src + ow0, ow1 - ow0);
+                    } else if (sw == 2) {
+                        scatter2_add_row(d + 2 * ow0, src + ow0, ow1 - ow0);
+                    } else {
+                        for (int64_t ow = ow0; ow < ow1; ow++) d[ow * sw] += src[ow];
+                    }
+                }
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,321 @@
+"""conv2d and conv2d_backward against the float64 reference (tests/reference.py),
+on both kernel versions, plus accumulate semantics, workspaces and bad input."""
+import numpy as np
+import pytest
+
+import minidl
+from minidl import _C, ops
+
+from helpers import assert_close, f32
+import reference as ref
+
+# (n, c_in, h, w, c_out, kh, kw, stride, padding)
+CASES = [
+    (2, 3, 9, 8, 5, 3, 2, (2, 1), 1),         # the C API test's shape
+    (1, 1, 1, 1, 1, 1, 1, 1, 0),              # everything 1
+    (2, 5, 7, 7, 13, 1, 1, 1, 0),             # 1x1, stride 1, no padding: no im2col
+    (2, 5, 1, 1, 3, 1, 1, 1, 0),              # 1x1 spatial, 1x1 kernel
+    (1, 6, 1, 1, 9, 3, 3, 1, 1),              # 1x1 spatial, padding only around it
+    (1, 13, 6, 5, 3, 1, 1, 2, 0),             # 1x1 kernel with stride 2
+    (1, 13, 6, 5, 3, 1, 1, 1, 1),             # 1x1 kernel with padding
+    (3, 3, 11, 13, 8, 3, 3, 1, 1),
+    (2, 4, 10, 9, 7, 5, 5, 2, 2),
+    (1, 2, 15, 12, 3, 7, 7, 3, 3),
+    (2, 3, 8, 8, 5, 7, 7, 1, 0),
+    (1, 3, 9, 17, 4, 1, 5, (1, 3), (0, 2)),   # rectangular kernels, (h, w) pairs
+    (2, 1, 13, 7, 2, 4, 2, (3, 2), (1, 0)),
+    (1, 4, 6, 9, 3, 2, 3, (2, 3), (2, 1)),
+    (3, 7, 8, 6, 11, 3, 1, (1, 2), (1, 0)),
+    (1, 8, 5, 5, 16, 3, 3, 2, 3),             # padding larger than half the kernel
+    (1, 2, 3, 3, 1, 5, 5, 1, 1),              # kernel as large as the padded input
+    (2, 17, 12, 12, 9, 3, 3, 1, 1),
+    (1, 3, 5, 40, 2, 3, 3, 3, 0),             # stride leaves input columns unused
+    (1, 3, 6, 45, 4, 3, 3, (1, 2), (1, 1)),   # wide rows: vector loops and their tails
+    (1, 2, 4, 37, 3, 5, 5, 1, 3),
+    (1, 2, 3, 20, 2, 1, 19, 1, (0, 9)),       # padding wider than a vector
+]
+BIG = [
+    (1, 16, 20, 20, 32, 3, 3, 1, 1),
+    (4, 3, 32, 32, 8, 3, 3, 2, 1),
+    (2, 24, 16, 16, 24, 1, 1, 1, 0),
+]
+
+
+def ids(case):
+    n, ci, h, w, co, kh, kw, s, p = case
+    return f"n{n}c{ci}x{h}x{w}-o{co}k{kh}x{kw}-s{s}p{p}".replace(" ", "")
+
+
+def pair(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def make(rng, case):
+    n, ci, h, w, co, kh, kw, stride, padding = case
+    x = f32(rng, n, ci, h, w)
+    wt = f32(rng, co, ci, kh, kw)
+    b = f32(rng, co)
+    return x, wt, b, dict(stride=stride, padding=padding)
+
+
+def ref_kw(kw):
+    return dict(stride=pair(kw["stride"]), padding=pair(kw["padding"]))
+
+
+def c_shape(case):
+    n, ci, h, w, co, kh, kw, s, p = case
+    return (n, ci, h, w, co, kh, kw) + pair(s) + pair(p)
+
+
+def check_all(rng, case, bias):
+    x, wt, b, kw = make(rng, case)
+    b = b if bias else None
+    y = ops.conv2d(x, wt, b, **kw)
+    assert_close(y, ref.conv2d(x, wt, b, **ref_kw(kw)), "conv", "y")
+    dy = f32(rng, *y.shape)
+    dx, dw, db = ops.conv2d_backward(x, wt, dy, **kw)
+    rdx, rdw, rdb = ref.conv2d_backward(x, wt, dy, **ref_kw(kw))
+    assert_close(dx, rdx, "conv", "dx")
+    assert_close(dw, rdw, "conv", "dw")
+    assert_close(db, rdb, "conv", "db")
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_conv(simd, rng, case, bias):
+    check_all(rng, case, bias)
+
+
+@pytest.mark.parametrize("case", BIG, ids=ids)
+def test_conv_threads(simd, threads, rng, case):
+    check_all(rng, case, True)
+
+
+def test_reference_gradients_by_finite_differences(rng):
+    """The oracle's backward is the gradient of its forward (float64, central differences)."""
+    x = rng.standard_normal((2, 3, 6, 5))
+    w = rng.standard_normal((4, 3, 3, 2))
+    b = rng.standard_normal(4)
+    kw = dict(stride=(2, 1), padding=(1, 2))
+    dy = rng.standard_normal(ref.conv2d(x, w, b, **kw).shape)
+    dx, dw, db = ref.conv2d_backward(x, w, dy, **kw)
+    eps = 1e-6
+
+    def loss(x, w, b):
+        return float(np.sum(ref.conv2d(x, w, b, **kw) * dy))
+
+    for arr, grad in ((x, dx), (w, dw), (b, db)):
+        for idx in list(np.ndindex(arr.shape))[:: max(1, arr.size // 15)]:
+            saved = arr[idx]
+            arr[idx] = saved + eps
+            up = loss(x, w, b)
+            arr[idx] = saved - eps
+            down = loss(x, w, b)
+            arr[idx] = saved
+            assert abs((up - down) / (2 * eps) - grad[idx]) < 1e-6 * max(1.0, abs(grad[idx]))
+
+
+def test_adjoint_identity(simd, rng):
+    """<conv(x, w), dy> == <x, dx> == <w, dw> for minidl's own results."""
+    x, wt, _, kw = make(rng, (2, 5, 11, 10, 6, 3, 4, (2, 1), (1, 2)))
+    y = ops.conv2d(x, wt, **kw)
+    dy = f32(rng, *y.shape)
+    dx, dw, _ = ops.conv2d_backward(x, wt, dy, **kw)
+    v = np.vdot(y.astype(np.float64), dy)
+    np.testing.assert_allclose(np.vdot(x.astype(np.float64), dx), v, rtol=1e-4)
+    np.testing.assert_allclose(np.vdot(wt.astype(np.float64), dw), v, rtol=1e-4)
+
+
+def test_simd_paths_agree(rng):
+    x, wt, b, kw = make(rng, (2, 6, 9, 9, 7, 3, 3, 1, 1))
+    outs = []
+    for level in ["scalar", minidl.cpu_simd()]:
+        minidl.set_simd(level)
+        outs.append(ops.conv2d(x, wt, b, **kw))
+    minidl.set_simd(minidl.cpu_simd())
+    assert_close(outs[1], outs[0].astype(np.float64), "conv")
+
+
+def test_input_conversion(rng):
+    """float64 and non-contiguous inputs are converted to C-contiguous float32."""
+    x, wt, b, kw = make(rng, (2, 3, 7, 6, 4, 3, 3, 1, 1))
+    want = ops.conv2d(x, wt, b, **kw)
+    xt = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    assert not xt.flags.c_contiguous
+    np.testing.assert_array_equal(ops.conv2d(xt, wt.astype(np.float64), b, **kw), want)
+
+
+def test_empty_batch(rng):
+    x = np.zeros((0, 3, 5, 5), np.float32)
+    wt = f32(rng, 4, 3, 3, 3)
+    assert ops.conv2d(x, wt, padding=1).shape == (0, 4, 5, 5)
+    dx, dw, db = ops.conv2d_backward(x, wt, np.zeros((0, 4, 5, 5), np.float32), padding=1)
+    assert dx.shape == x.shape and not dw.any() and not db.any()
+
+
+def test_nan_flows_to_the_output(simd, rng):
+    x, wt, b, kw = make(rng, (1, 3, 8, 8, 4, 3, 3, 2, 1))
+    x[0, 1, 3, 4] = np.nan
+    y = ops.conv2d(x, wt, b, **kw)
+    want = ref.conv2d(x, wt, b, **ref_kw(kw))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    assert np.isnan(y).any() and not np.isnan(y).all()
+    dx, dw, db = ops.conv2d_backward(x, wt, np.ones_like(y), **kw)
+    assert np.isnan(dw).any() and not np.isnan(dx).any() and not np.isnan(db).any()
+
+
+# ---- the C binding: accumulate, overwrite, workspace ---------------------------------
+
+ACC_CASES = [(3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0)]
+
+
+@pytest.mark.parametrize("case", ACC_CASES, ids=ids)
+def test_accumulate_and_overwrite(simd, rng, case):
+    x, wt, _, kw = make(rng, case)
+    shape = c_shape(case)
+    ho, wo = _C.conv2d_output_size(shape)
+    dy = f32(rng, case[0], case[4], ho, wo)
+    rdx, rdw, rdb = ref.conv2d_backward(x, wt, dy, **ref_kw(kw))
+    # accumulate=False and dx overwrite: old contents (NaN) are never read
+    dw = np.full_like(wt, np.nan)
+    db = np.full(case[4], np.nan, np.float32)
+    dx = np.full_like(x, np.nan)
+    _C.conv2d_backward_weights(shape, x.ravel(), dy.ravel(), dw.ravel(), False)
+    _C.conv2d_backward_bias(shape, dy.ravel(), db, False)
+    _C.conv2d_backward_data(shape, dy.ravel(), wt.ravel(), dx.ravel())
+    assert_close(dw, rdw, "conv", "dw =")
+    assert_close(db, rdb, "conv", "db =")
+    assert_close(dx, rdx, "conv", "dx =")
+    # accumulate=True adds to what is there
+    dw0, db0 = f32(rng, *wt.shape), f32(rng, case[4])
+    dw, db = dw0.copy(), db0.copy()
+    _C.conv2d_backward_weights(shape, x.ravel(), dy.ravel(), dw.ravel(), True)
+    _C.conv2d_backward_bias(shape, dy.ravel(), db, True)
+    assert_close(dw, rdw + dw0, "conv", "dw +=")
+    assert_close(db, rdb + db0, "conv", "db +=")
+
+
+def test_workspace(simd, rng):
+    case = (2, 3, 9, 8, 5, 3, 3, 1, 1)
+    x, wt, b, kw = make(rng, case)
+    shape = c_shape(case)
+    need = _C.conv2d_workspace_size(shape)
+    assert need >= 3 * 9 * 9 * 8 * 4  # at least the column matrix of one image
+    ho, wo = _C.conv2d_output_size(shape)
+    y = np.empty((2, 5, ho, wo), np.float32)
+    dx, dw = np.empty_like(x), np.empty_like(wt)
+    ws = np.empty(-(-need // 4), np.float32)
+    _C.conv2d_forward(shape, x.ravel(), wt.ravel(), b, y.ravel(), ws)
+    assert_close(y, ref.conv2d(x, wt, b, **ref_kw(kw)), "conv")
+    small = np.empty(need // 4 - 1, np.float32)
+    calls = [
+        lambda: _C.conv2d_forward(shape, x.ravel(), wt.ravel(), b, y.ravel(), small),
+        lambda: _C.conv2d_backward_data(shape, y.ravel(), wt.ravel(), dx.ravel(), small),
+        lambda: _C.conv2d_backward_weights(shape, x.ravel(), y.ravel(), dw.ravel(), False, small),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="workspace has .* bytes, needs"):
+            call()
+
+
+# ---- bad input ---------------------------------------------------------------------
+
+def _bad_shape(**change):
+    s = dict(n=1, c_in=2, h=5, w=5, c_out=3, kh=3, kw=3, stride_h=1, stride_w=1, pad_h=0, pad_w=0)
+    s.update(change)
+    return tuple(s.values())
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(n=0), "n must be in \\[1,.*got 0"),
+    (dict(c_in=-1), "c_in must be in \\[1,.*got -1"),
+    (dict(h=0), "h must be in \\[1,.*got 0"),
+    (dict(w=0), "w must be in \\[1,.*got 0"),
+    (dict(c_out=0), "c_out must be in \\[1,.*got 0"),
+    (dict(kh=0), "kh must be in"),
+    (dict(kw=0), "kw must be in"),
+    (dict(stride_h=0), "stride_h must be in \\[1,.*got 0"),
+    (dict(stride_w=-2), "stride_w must be in \\[1,.*got -2"),
+    (dict(pad_h=-1), "pad_h must be in \\[0,.*got -1"),
+    (dict(pad_w=-1), "pad_w must be in \\[0,.*got -1"),
+    (dict(kh=6), "kernel size can't be greater than actual input size"),
+    (dict(kw=8, pad_w=1), "kernel size can't be greater than actual input size.*\\(5, 7\\)"),
+    (dict(h=2**40), "h must be in"),
+    (dict(n=2**30, c_in=2**30, h=2**10), "too large"),
+])
+def test_c_shape_errors(change, match):
+    shape = _bad_shape(**change)
+    with pytest.raises(ValueError, match=match):
+        _C.conv2d_output_size(shape)
+    assert _C.conv2d_workspace_size(shape) == 0
+    one = np.zeros(1, np.float32)
+    with pytest.raises(ValueError, match=match):
+        _C.conv2d_backward_bias(shape, one, one)
+
+
+def test_c_null_pointers():
+    shape = _bad_shape()
+    buf = np.zeros(200, np.float32)
+    with pytest.raises(ValueError, match="x must not be NULL"):
+        _C.conv2d_forward(shape, None, buf, None, buf)
+    with pytest.raises(ValueError, match="dx must not be NULL"):
+        _C.conv2d_backward_data(shape, buf, buf, None)
+    with pytest.raises(ValueError, match="dw must not be NULL"):
+        _C.conv2d_backward_weights(shape, buf, buf, None)
+    with pytest.raises(ValueError, match="db must not be NULL"):
+        _C.conv2d_backward_bias(shape, buf, None)
+
+
+X = np.zeros((2, 3, 8, 8), np.float32)
+W = np.zeros((4, 3, 3, 3), np.float32)
+DY = np.zeros((2, 4, 6, 6), np.float32)
+
+FORWARD_ERRORS = [
+    (dict(x=X.astype(np.int32)), TypeError, "x must be a float32 array, got dtype int32"),
+    (dict(x=[[1.0]]), TypeError, "x must be a numpy.ndarray"),
+    (dict(w=W.astype(np.int64)), TypeError, "w must be a float32 array"),
+    (dict(x=X[0]), ValueError, "x must be 4-D \\(N, C_in, H, W\\), got shape \\(3, 8, 8\\)"),
+    (dict(w=W[0]), ValueError, "w must be 4-D"),
+    (dict(w=np.zeros((4, 2, 3, 3), np.float32)), ValueError, "w must have C_in = 3"),
+    (dict(b=np.zeros(5, np.float32)), ValueError,
+     "b must have shape \\(C_out,\\) = \\(4,\\), got \\(5,\\)"),
+    (dict(b=np.zeros((4, 1), np.float32)), ValueError, "b must be 1-D"),
+    (dict(b=np.zeros(4, np.int32)), TypeError, "b must be a float32 array"),
+    (dict(stride=0), ValueError, "stride must be >= 1, got 0"),
+    (dict(stride=(1, 0)), ValueError, "stride must be >= 1, got 0"),
+    (dict(stride=(1, 2, 3)), ValueError, "stride must be an int or an \\(h, w\\) pair"),
+    (dict(stride=1.5), TypeError, "stride must be an int"),
+    (dict(padding=-1), ValueError, "padding must be >= 0, got -1"),
+    (dict(padding=(0, -2)), ValueError, "padding must be >= 0, got -2"),
+    (dict(w=np.zeros((4, 3, 9, 3), np.float32)), ValueError,
+     "output too small.*\\(9, 3\\).*\\(8, 8\\)"),
+    (dict(w=np.zeros((4, 3, 3, 11), np.float32), padding=1), ValueError,
+     "output too small.*\\(10, 10\\)"),
+    (dict(x=np.zeros((2, 0, 8, 8), np.float32), w=np.zeros((4, 0, 3, 3), np.float32)),
+     ValueError, "C_in, H and W >= 1"),
+    (dict(w=np.zeros((0, 3, 3, 3), np.float32)), ValueError, "C_out, kh and kw >= 1"),
+]
+
+
+@pytest.mark.parametrize("change, exc, match", FORWARD_ERRORS)
+def test_conv2d_bad_input(change, exc, match):
+    args = dict(x=X, w=W, b=None, stride=1, padding=0)
+    args.update(change)
+    with pytest.raises(exc, match=match):
+        ops.conv2d(args.pop("x"), args.pop("w"), args.pop("b"), **args)
+
+
+@pytest.mark.parametrize("change, exc, match", [c for c in FORWARD_ERRORS if "b" not in c[0]] + [
+    (dict(dy=DY.astype(np.int32)), TypeError, "dy must be a float32 array"),
+    (dict(dy=DY[0]), ValueError, "dy must be 4-D"),
+    (dict(dy=np.zeros((2, 4, 7, 6), np.float32)), ValueError,
+     "dy must have the output shape \\(N, C_out, H_out, W_out\\) = \\(2, 4, 6, 6\\), "
+     "got \\(2, 4, 7, 6\\)"),
+    (dict(dy=np.zeros((2, 5, 6, 6), np.float32)), ValueError, "dy must have the output shape"),
+    (dict(padding=1), ValueError, "dy must have the output shape .* \\(2, 4, 8, 8\\)"),
+])
+def test_conv2d_backward_bad_input(change, exc, match):
+    args = dict(x=X, w=W, dy=DY, stride=1, padding=0)
+    args.update(change)
+    with pytest.raises(exc, match=match):
+        ops.conv2d_backward(args.pop("x"), args.pop("w"), args.pop("dy"), **args)
