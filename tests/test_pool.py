@@ -14,6 +14,7 @@ CASES = [
     (1, 1, 1, 1, (1, 1), (1, 1), (0, 0), False),     # 1x1 spatial
     (1, 3, 1, 1, (1, 1), (2, 2), (0, 0), True),
     (2, 3, 8, 8, (2, 2), (2, 2), (0, 0), False),     # the common 2x2/2
+    (1, 3, 6, 37, (2, 2), (2, 2), (0, 0), True),     # 2x2/2 wide enough for the vector interior
     (1, 5, 9, 9, (2, 2), (2, 2), (0, 0), True),      # ceil mode adds a row and a column
     (2, 3, 9, 21, (3, 3), (1, 1), (1, 1), False),    # stride 1 with padding
     (2, 3, 11, 37, (3, 3), (2, 2), (1, 1), True),    # ResNet stem-like, ceil
@@ -157,7 +158,7 @@ def test_max_pool(simd, rng, case):
 @pytest.mark.parametrize("case", [CASES[5], CASES[11]], ids=_case_id)
 def test_max_pool_threads(simd, threads, rng, case):
     n, c, h, w, k, s, p, ceil = case
-    x = _distinct(rng, 4, 12, h, w)
+    x = _distinct(rng, 8, 12, h, w)
     y = ops.max_pool2d(x, k, **_kw(case))
     np.testing.assert_array_equal(y, ref.max_pool2d(x, k, s, p, ceil))
     dy = _small_ints(rng, *y.shape)
@@ -265,7 +266,7 @@ def test_avg_pool(simd, rng, case):
 @pytest.mark.parametrize("case", [CASES[5], CASES[11]], ids=_case_id)
 def test_avg_pool_threads(simd, threads, rng, case):
     n, c, h, w, k, s, p, ceil = case
-    x = f32(rng, 4, 12, h, w)
+    x = f32(rng, 8, 12, h, w)
     y = ops.avg_pool2d(x, k, **_kw(case))
     assert_close(y, ref.avg_pool2d(x, k, s, p, ceil), "reduction")
     dy = f32(rng, *y.shape)
@@ -293,7 +294,7 @@ def test_avg_pool_divisor_like_pytorch(simd):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 7, 7), (3, 10, 5, 9), (1, 13, 1, 37),
-                                   (2, 64, 14, 14), (1, 3, 56, 57)])
+                                   (4, 64, 16, 17), (1, 3, 56, 57)])
 def test_global_avg_pool(simd, threads, rng, shape):
     x = f32(rng, *shape) + 0.5
     y = ops.global_avg_pool2d(x)
