@@ -7,6 +7,7 @@
  * input values spaced sw apart -- a plain load for stride 1, two loads and a
  * deinterleave for stride 2, a gather otherwise.  Window rows are clipped per
  * output row, the same for every lane.  The borders use the scalar reference.
+ * (The average-pooling backward is organised differently: see below.)
  *
  * Max pooling visits the taps in the reference's order with the reference's
  * update rule (greater or NaN, by compare and blend), so its results and its
@@ -165,64 +166,61 @@ void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
     }
 }
 
-/* dx[p[0]], dx[p[s]], ..., dx[p[7 s]] += lanes of grad; touches only those elements. */
-ALWAYS_INLINE void add_strided(float *p, __m256 grad, const int mode)
-{
-    if (mode == LOAD_S1) {
-        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), grad));
-    } else if (mode == LOAD_S2) {
-        /* interleave with zeros: g0 0 g1 0 g2 0 g3 0 for offsets 0..7 and
-         * 0 g4 0 g5 0 g6 0 g7 for offsets 7..14 (offset 7 gets 0 twice) */
-        const __m256 z = _mm256_setzero_ps();
-        __m256 lo = _mm256_unpacklo_ps(grad, z); /* g0 0 g1 0 | g4 0 g5 0 */
-        __m256 hi = _mm256_unpackhi_ps(grad, z); /* g2 0 g3 0 | g6 0 g7 0 */
-        __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);  /* g0 0 g1 0 g2 0 g3 0 */
-        __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31); /* g4 0 g5 0 g6 0 g7 0 */
-        second = _mm256_permutevar8x32_ps(second, _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6));
-        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), first));
-        _mm256_storeu_ps(p + 7, _mm256_add_ps(_mm256_loadu_ps(p + 7), second));
-    }
-}
-
-/* Interior windows of one output row share the divisor, so dy / divisor is
- * one vector division; it is added to each tap (stride 1 and 2 with vector
- * read-modify-writes, other strides lane by lane). */
-ALWAYS_INLINE void avg_back_plane(const mdl_pool_geom *g, const float *dy, float *dx, const int mode)
-{
-    memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
-    for (int64_t oh = 0; oh < g->ho; oh++) {
-        int64_t hs, he, hspan;
-        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
-        const __m256 div = _mm256_set1_ps((float)(hspan * g->kw));
-        mdl_avg_pool_back_cols_scalar(g, dy, dx, oh, 0, g->ow_lo);
-        int64_t ow = g->ow_lo;
-        for (; ow + 8 <= g->ow_hi; ow += 8) {
-            float *base = dx + ow * g->sw - g->pw;
-            __m256 grad = _mm256_div_ps(_mm256_loadu_ps(dy + oh * g->wo + ow), div);
-            if (mode == LOAD_GATHER) {
-                float gl[8];
-                _mm256_storeu_ps(gl, grad);
-                for (int64_t ih = hs; ih < he; ih++)
-                    for (int j = 0; j < 8; j++) {
-                        float *row = base + ih * g->w + j * g->sw;
-                        for (int64_t kx = 0; kx < g->kw; kx++) row[kx] += gl[j];
-                    }
-            } else {
-                for (int64_t ih = hs; ih < he; ih++)
-                    for (int64_t kx = 0; kx < g->kw; kx++)
-                        add_strided(base + ih * g->w + kx, grad, mode);
-            }
-        }
-        mdl_avg_pool_back_cols_scalar(g, dy, dx, oh, ow, g->wo);
-    }
-}
+/* The backward is separable: window (oh, ow) covers rows [hs, he) x columns
+ * [ws, we), so with g = dy / divisor, dx row ih = sum over the output rows oh
+ * covering ih of t_oh, where t_oh[iw] = sum over the windows ow covering iw of
+ * g[oh][ow].  t_oh is built in vector registers from u, the row of g spread
+ * out at its windows' start columns (zeros between): t[iw] = sum over kx of
+ * u[iw + pw - kx], kw shifted loads; then t is added to rows [hs, he) of dx.
+ * Input columns go in chunks so that u and t fit on the stack; any stride. */
+#define AVG_CHUNK 1024
+#define AVG_MAX_KW 64
 
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
 {
-    switch (load_mode(g->sw)) {
-    case LOAD_S1: avg_back_plane(g, dy, dx, LOAD_S1); break;
-    case LOAD_S2: avg_back_plane(g, dy, dx, LOAD_S2); break;
-    default: avg_back_plane(g, dy, dx, LOAD_GATHER); break;
+    if (g->kw > AVG_MAX_KW) {
+        mdl_avg_pool_back_plane_scalar(g, dy, dx);
+        return;
+    }
+    float u[AVG_CHUNK + AVG_MAX_KW], t[AVG_CHUNK];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw;
+    memset(dx, 0, (size_t)(g->h * w) * sizeof(float));
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        const float *dyrow = dy + oh * g->wo;
+        for (int64_t c0 = 0; c0 < w; c0 += AVG_CHUNK) {
+            const int64_t len = w - c0 < AVG_CHUNK ? w - c0 : AVG_CHUNK;
+            /* u[i] is padded column jlo + i; padded column j is input column j - pw */
+            const int64_t jlo = c0 + g->pw - kw + 1, ulen = len + kw - 1;
+            memset(u, 0, (size_t)ulen * sizeof(float));
+            int64_t owa = jlo <= 0 ? 0 : (jlo + sw - 1) / sw;
+            int64_t owb = (jlo + ulen - 1) / sw + 1; /* jlo + ulen - 1 = c0 + len - 1 + pw >= 0 */
+            if (owb > g->wo) owb = g->wo;
+            for (int64_t ow = owa; ow < owb; ow++) {
+                mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+                u[ow * sw - jlo] = dyrow[ow] / (float)(hspan * wspan);
+            }
+            int64_t i = 0;
+            for (; i + 8 <= len; i += 8) {
+                __m256 acc = _mm256_loadu_ps(u + i + kw - 1);
+                for (int64_t kx = 1; kx < kw; kx++)
+                    acc = _mm256_add_ps(acc, _mm256_loadu_ps(u + i + kw - 1 - kx));
+                _mm256_storeu_ps(t + i, acc);
+            }
+            for (; i < len; i++) {
+                float acc = u[i + kw - 1];
+                for (int64_t kx = 1; kx < kw; kx++) acc += u[i + kw - 1 - kx];
+                t[i] = acc;
+            }
+            for (int64_t ih = hs; ih < he; ih++) {
+                float *row = dx + ih * w + c0;
+                for (i = 0; i + 8 <= len; i += 8)
+                    _mm256_storeu_ps(row + i, _mm256_add_ps(_mm256_loadu_ps(row + i),
+                                                            _mm256_loadu_ps(t + i)));
+                for (; i < len; i++) row[i] += t[i];
+            }
+        }
     }
 }
 

@@ -29,6 +29,7 @@ CASES = [
     (1, 10, 6, 19, (1, 4), (1, 1), (0, 2), False),
     (2, 3, 17, 26, (4, 2), (3, 2), (2, 1), True),
     (1, 1, 3, 64, (3, 1), (1, 1), (1, 0), False),
+    (1, 2, 3, 1100, (3, 3), (2, 2), (1, 1), True),   # wider than one column chunk
     (1, 2, 4, 4, (4, 4), (1, 1), (2, 2), True),      # pad = kernel / 2
     (1, 2, 2, 2, (3, 3), (3, 3), (0, 0), True),      # ceil mode: kernel larger than the input
 ]
