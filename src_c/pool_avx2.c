@@ -157,12 +157,60 @@ ALWAYS_INLINE void avg_plane(const mdl_pool_geom *g, const float *x, float *y, c
     }
 }
 
+#define AVG_CHUNK 1024
+#define AVG_MAX_KW 64
+
+/* For strides >= 3 gathers cost more than they save; the window sum is
+ * separable instead: sums over the window's rows first, 8 columns at a time,
+ * into v (a chunk of columns on the stack), then each window adds its kw
+ * column sums. */
+static void avg_plane_separable(const mdl_pool_geom *g, const float *x, float *y)
+{
+    float v[AVG_CHUNK];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw;
+    const int64_t per = (AVG_CHUNK - kw) / sw + 1; /* output columns per chunk */
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        for (int64_t o0 = 0; o0 < g->wo; o0 += per) {
+            const int64_t o1 = o0 + per < g->wo ? o0 + per : g->wo;
+            int64_t a, b;
+            mdl_pool_span(o0, sw, g->pw, kw, w, &a, &we, &wspan);
+            mdl_pool_span(o1 - 1, sw, g->pw, kw, w, &ws, &b, &wspan);
+            const int64_t len = b - a; /* <= (per - 1) * sw + kw <= AVG_CHUNK */
+            int64_t i = 0;
+            for (; i + 8 <= len; i += 8) {
+                const float *col = x + hs * w + a + i;
+                __m256 acc = _mm256_loadu_ps(col);
+                for (int64_t ih = hs + 1; ih < he; ih++)
+                    acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
+                _mm256_storeu_ps(v + i, acc);
+            }
+            for (; i < len; i++) {
+                float acc = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++) acc += x[ih * w + a + i];
+                v[i] = acc;
+            }
+            float *yrow = y + oh * g->wo;
+            for (int64_t ow = o0; ow < o1; ow++) {
+                mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+                float sum = 0.0f;
+                for (int64_t iw = ws; iw < we; iw++) sum += v[iw - a];
+                yrow[ow] = sum / (float)(hspan * wspan);
+            }
+        }
+    }
+}
+
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
 {
     switch (load_mode(g->sw)) {
     case LOAD_S1: avg_plane(g, x, y, LOAD_S1); break;
     case LOAD_S2: avg_plane(g, x, y, LOAD_S2); break;
-    default: avg_plane(g, x, y, LOAD_GATHER); break;
+    default:
+        if (g->kw <= AVG_MAX_KW) avg_plane_separable(g, x, y);
+        else avg_plane(g, x, y, LOAD_GATHER);
+        break;
     }
 }
 
@@ -173,9 +221,6 @@ void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
  * out at its windows' start columns (zeros between): t[iw] = sum over kx of
  * u[iw + pw - kx], kw shifted loads; then t is added to rows [hs, he) of dx.
  * Input columns go in chunks so that u and t fit on the stack; any stride. */
-#define AVG_CHUNK 1024
-#define AVG_MAX_KW 64
-
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
 {
     if (g->kw > AVG_MAX_KW) {
