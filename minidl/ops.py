@@ -218,6 +218,126 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
 
 # ---- pooling ----------------------------------------------------------------------
 
+
+def _pool_args(x, kernel_size, stride, padding, ceil_mode):
+    """x as (N, C, H, W) float32 and the 11-tuple shape of the C API, after the checks
+    PyTorch makes (with messages naming the argument)."""
+    x = _input("x", x, 4, "(N, C, H, W)")
+    kh, kw = _pair("kernel_size", kernel_size, 1)
+    sh, sw = (kh, kw) if stride is None else _pair("stride", stride, 1)
+    ph, pw = _pair("padding", padding, 0)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"padding must be at most half of kernel_size: at most "
+                         f"({kh // 2}, {kw // 2}) for kernel_size ({kh}, {kw}), got ({ph}, {pw})")
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise TypeError(f"ceil_mode must be a bool, got {ceil_mode!r}")
+    n, c, h, w = x.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
+    shape = (n, c, h, w, kh, kw, sh, sw, ph, pw, int(bool(ceil_mode)))
+    return x, shape, (_pool_out(h, kh, sh, ph, ceil_mode, "H"), _pool_out(w, kw, sw, pw, ceil_mode, "W"))
+
+
+def _pool_out(size: int, k: int, s: int, p: int, ceil_mode: bool, dim: str) -> int:
+    """PyTorch's pooling output size: in ceil mode the last window must start inside
+    the input or its left padding."""
+    out = (size + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    if out < 1:
+        raise ValueError(f"output too small: {dim} = {size} with kernel {k}, stride {s}, "
+                         f"padding {p} gives an output size of {out}; it must be >= 1")
+    return out
+
+
+def _pool_dy(dy, n: int, c: int, ho: int, wo: int) -> np.ndarray:
+    dy = _input("dy", dy, 4, "(N, C, H_out, W_out)")
+    if dy.shape != (n, c, ho, wo):
+        raise ValueError(f"dy must have the output shape {(n, c, ho, wo)}, got {dy.shape}")
+    return dy
+
+
+def max_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
+               padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
+    """Max over each window [torch.nn.functional.max_pool2d]: x (N, C, H, W) ->
+    (N, C, H_out, W_out).  kernel_size, stride, padding: int or (h, w); stride None
+    means kernel_size; padding (never the maximum) at most kernel_size // 2.  NaN
+    propagates; ties go to the first element in row-major window order."""
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    n, c = x.shape[:2]
+    y = np.empty((n, c, ho, wo), np.float32)
+    if y.size:
+        _C.max_pool2d_forward(shape, x.reshape(-1), y.reshape(-1))
+    return y
+
+
+def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
+                        stride: Optional[IntPair] = None, padding: IntPair = 0,
+                        ceil_mode: bool = False) -> np.ndarray:
+    """dx (N, C, H, W) for max_pool2d(x, ...): dy (N, C, H_out, W_out) goes to each
+    window's maximum (recomputed from x), summed where windows overlap."""
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    dy = _pool_dy(dy, x.shape[0], x.shape[1], ho, wo)
+    dx = np.empty_like(x)
+    if dx.size:
+        _C.max_pool2d_backward(shape, x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+def avg_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
+               padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
+    """Mean over each window, padding counted [torch.nn.functional.avg_pool2d,
+    count_include_pad=True]: x (N, C, H, W) -> (N, C, H_out, W_out).  Arguments as
+    for max_pool2d; in ceil mode a window reaching past the padded input divides by
+    the part that lies inside it, as PyTorch does."""
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    n, c = x.shape[:2]
+    y = np.empty((n, c, ho, wo), np.float32)
+    if y.size:
+        _C.avg_pool2d_forward(shape, x.reshape(-1), y.reshape(-1))
+    return y
+
+
+def avg_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
+                        stride: Optional[IntPair] = None, padding: IntPair = 0,
+                        ceil_mode: bool = False) -> np.ndarray:
+    """dx (N, C, H, W) for avg_pool2d(x, ...), dy (N, C, H_out, W_out); x gives
+    only the shape."""
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    dy = _pool_dy(dy, x.shape[0], x.shape[1], ho, wo)
+    dx = np.empty_like(x)
+    if dx.size:
+        _C.avg_pool2d_backward(shape, dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+def global_avg_pool2d(x: np.ndarray) -> np.ndarray:
+    """Mean over H and W: x (N, C, H, W) -> (N, C) [x.mean((2, 3))]."""
+    x = _input("x", x, 4, "(N, C, H, W)")
+    n, c, h, w = x.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
+    y = np.empty((n, c), np.float32)
+    if y.size:
+        _C.global_avg_pool2d_forward(n, c, h, w, x.reshape(-1), y.reshape(-1))
+    return y
+
+
+def global_avg_pool2d_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx (N, C, H, W) = dy (N, C) / (H * W) broadcast; x gives only the shape."""
+    x = _input("x", x, 4, "(N, C, H, W)")
+    n, c, h, w = x.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
+    dy = _input("dy", dy, 2, "(N, C)")
+    if dy.shape != (n, c):
+        raise ValueError(f"dy must have shape (N, C) = {(n, c)}, got {dy.shape}")
+    dx = np.empty_like(x)
+    if dx.size:
+        _C.global_avg_pool2d_backward(n, c, h, w, dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
 # ---- elementwise ------------------------------------------------------------------
 
 

@@ -1,37 +1,296 @@
-/* pool.c -- placeholder: not implemented yet. */
+/* pool.c -- 2-D max and average pooling and global average pooling, forward
+ * and backward, with PyTorch's semantics.  Scalar references here; AVX2
+ * versions in pool_avx2.c.  Every kernel works on one (n, c) plane; the
+ * public functions check the shape and split the planes over threads. */
 #include "common.h"
+#include "pool.h"
+
+#include <string.h>
+
+/* ---- scalar references ---------------------------------------------------- */
+
+/* y[oh][ow0:ow1] = max over each window */
+void mdl_max_pool_cols_scalar(const mdl_pool_geom *g, const float *x, float *y, int64_t oh,
+                              int64_t ow0, int64_t ow1)
+{
+    int64_t hs, he, ws, we, span;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+    for (int64_t ow = ow0; ow < ow1; ow++) {
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, g->w, &ws, &we, &span);
+        mdl_pool_argmax(x, g->w, hs, he, ws, we, &y[oh * g->wo + ow]);
+    }
+}
+
+/* dx[argmax of window (oh, ow)] += dy[oh][ow] for ow in [ow0, ow1) */
+void mdl_max_pool_back_cols_scalar(const mdl_pool_geom *g, const float *x, const float *dy,
+                                   float *dx, int64_t oh, int64_t ow0, int64_t ow1)
+{
+    int64_t hs, he, ws, we, span;
+    float m;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+    for (int64_t ow = ow0; ow < ow1; ow++) {
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, g->w, &ws, &we, &span);
+        dx[mdl_pool_argmax(x, g->w, hs, he, ws, we, &m)] += dy[oh * g->wo + ow];
+    }
+}
+
+/* y[oh][ow0:ow1] = sum over the in-bounds part of each window / padded window size */
+void mdl_avg_pool_cols_scalar(const mdl_pool_geom *g, const float *x, float *y, int64_t oh,
+                              int64_t ow0, int64_t ow1)
+{
+    int64_t hs, he, ws, we, hspan, wspan;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+    for (int64_t ow = ow0; ow < ow1; ow++) {
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, g->w, &ws, &we, &wspan);
+        float sum = 0.0f;
+        for (int64_t ih = hs; ih < he; ih++)
+            for (int64_t iw = ws; iw < we; iw++) sum += x[ih * g->w + iw];
+        y[oh * g->wo + ow] = sum / (float)(hspan * wspan);
+    }
+}
+
+/* dx[window (oh, ow)] += dy[oh][ow] / padded window size for ow in [ow0, ow1) */
+void mdl_avg_pool_back_cols_scalar(const mdl_pool_geom *g, const float *dy, float *dx, int64_t oh,
+                                   int64_t ow0, int64_t ow1)
+{
+    int64_t hs, he, ws, we, hspan, wspan;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+    for (int64_t ow = ow0; ow < ow1; ow++) {
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, g->w, &ws, &we, &wspan);
+        float grad = dy[oh * g->wo + ow] / (float)(hspan * wspan);
+        for (int64_t ih = hs; ih < he; ih++)
+            for (int64_t iw = ws; iw < we; iw++) dx[ih * g->w + iw] += grad;
+    }
+}
+
+void mdl_max_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y)
+{
+    for (int64_t oh = 0; oh < g->ho; oh++) mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->wo);
+}
+
+void mdl_max_pool_back_plane_scalar(const mdl_pool_geom *g, const float *x, const float *dy,
+                                    float *dx)
+{
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
+    for (int64_t oh = 0; oh < g->ho; oh++) mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->wo);
+}
+
+void mdl_avg_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y)
+{
+    for (int64_t oh = 0; oh < g->ho; oh++) mdl_avg_pool_cols_scalar(g, x, y, oh, 0, g->wo);
+}
+
+void mdl_avg_pool_back_plane_scalar(const mdl_pool_geom *g, const float *dy, float *dx)
+{
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
+    for (int64_t oh = 0; oh < g->ho; oh++) mdl_avg_pool_back_cols_scalar(g, dy, dx, oh, 0, g->wo);
+}
+
+/* mean of x[hw], summed in double */
+float mdl_global_avg_scalar(int64_t hw, const float *x)
+{
+    double sum = 0.0;
+    for (int64_t i = 0; i < hw; i++) sum += x[i];
+    return (float)(sum / (double)hw);
+}
+
+/* dx[hw] = dy / hw */
+void mdl_global_avg_back_scalar(int64_t hw, float dy, float *dx)
+{
+    float v = dy / (float)hw;
+    for (int64_t i = 0; i < hw; i++) dx[i] = v;
+}
+
+/* ---- shapes and checks ---------------------------------------------------- */
+
+static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
+{
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* PyTorch's pooling_output_shape: in ceil mode the last window must start
+ * inside the input or its left padding. */
+static int64_t out_size(int64_t size, int64_t k, int64_t stride, int64_t pad, int ceil_mode)
+{
+    int64_t out = floor_div(size + 2 * pad - k + (ceil_mode ? stride - 1 : 0), stride) + 1;
+    if (ceil_mode && (out - 1) * stride >= size + pad) out--;
+    return out;
+}
+
+#define LIMIT ((int64_t)1 << 31)
+#define CHECK_DIM(f, lo)                                                                      \
+    MDL_CHECK(s->f >= (lo) && s->f < LIMIT, "%s: " #f " must be in [%d, 2^31), got %lld", fn, \
+              (int)(lo), (long long)s->f)
+#define CHECK_PAD(p, k)                                                                      \
+    MDL_CHECK(s->p >= 0 && s->p <= s->k / 2,                                                 \
+              "%s: " #p " must be in [0, " #k " / 2] = [0, %lld] (padding should be at most " \
+              "half the kernel size), got %lld", fn, (long long)(s->k / 2), (long long)s->p)
+
+static mdl_status pool_geom(const char *fn, const mdl_pool2d_shape *s, mdl_pool_geom *g)
+{
+    MDL_CHECK(s != NULL, "%s: s must not be NULL", fn);
+    CHECK_DIM(n, 1);
+    CHECK_DIM(c, 1);
+    CHECK_DIM(h, 1);
+    CHECK_DIM(w, 1);
+    CHECK_DIM(kh, 1);
+    CHECK_DIM(kw, 1);
+    CHECK_DIM(stride_h, 1);
+    CHECK_DIM(stride_w, 1);
+    CHECK_PAD(pad_h, kh);
+    CHECK_PAD(pad_w, kw);
+    int64_t ho = out_size(s->h, s->kh, s->stride_h, s->pad_h, s->ceil_mode);
+    int64_t wo = out_size(s->w, s->kw, s->stride_w, s->pad_w, s->ceil_mode);
+    MDL_CHECK(ho >= 1, "%s: output too small: h_out = %lld for h = %lld, kh = %lld, stride_h = %lld, "
+              "pad_h = %lld", fn, (long long)ho, (long long)s->h, (long long)s->kh,
+              (long long)s->stride_h, (long long)s->pad_h);
+    MDL_CHECK(wo >= 1, "%s: output too small: w_out = %lld for w = %lld, kw = %lld, stride_w = %lld, "
+              "pad_w = %lld", fn, (long long)wo, (long long)s->w, (long long)s->kw,
+              (long long)s->stride_w, (long long)s->pad_w);
+    g->h = s->h;
+    g->w = s->w;
+    g->kh = s->kh;
+    g->kw = s->kw;
+    g->sh = s->stride_h;
+    g->sw = s->stride_w;
+    g->ph = s->pad_h;
+    g->pw = s->pad_w;
+    g->ho = ho;
+    g->wo = wo;
+    /* interior: ow * sw - pw >= 0 and ow * sw - pw + kw <= w */
+    int64_t lo = (g->pw + g->sw - 1) / g->sw;
+    int64_t hi = g->w + g->pw - g->kw >= 0 ? (g->w + g->pw - g->kw) / g->sw + 1 : 0;
+    g->ow_lo = lo < wo ? lo : wo;
+    g->ow_hi = hi < wo ? hi : wo;
+    g->vec_ok = g->h * g->w < LIMIT && g->sw < ((int64_t)1 << 24);
+    return MDL_OK;
+}
 
 mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int64_t *w_out)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_pool2d_output_size: not implemented");
+    const char *fn = "mdl_pool2d_output_size";
+    MDL_CHECK_PTR(h_out);
+    MDL_CHECK_PTR(w_out);
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    *h_out = g.ho;
+    *w_out = g.wo;
+    return MDL_OK;
 }
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+/* Run `body` for every plane p in [0, count), planes split statically over threads. */
+#define PLANES(count, work, body)                                       \
+    do {                                                                \
+        int nt = mdl_threads_for(work);                                 \
+        _Pragma("omp parallel for schedule(static) num_threads(nt)")    \
+        for (int64_t p = 0; p < (count); p++) { body; }                 \
+    } while (0)
+
+#define CHECK_PTRS2(a, b) \
+    MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
 mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_max_pool2d_forward: not implemented");
+    const char *fn = __func__;
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
+    int avx2 = mdl_use_avx2() && g.vec_ok;
+    PLANES(planes, (double)planes * (double)out * (double)(g.kh * g.kw),
+           if (avx2) mdl_max_pool_plane_avx2(&g, x + p * in, y + p * out);
+           else mdl_max_pool_plane_scalar(&g, x + p * in, y + p * out));
+    return MDL_OK;
 }
 
-mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy, float *dx)
+mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy,
+                                   float *dx)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_max_pool2d_backward: not implemented");
+    const char *fn = __func__;
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, dy);
+    MDL_CHECK_PTR(dx);
+    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
+    int avx2 = mdl_use_avx2() && g.vec_ok;
+    PLANES(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
+           if (avx2) mdl_max_pool_back_plane_avx2(&g, x + p * in, dy + p * out, dx + p * in);
+           else mdl_max_pool_back_plane_scalar(&g, x + p * in, dy + p * out, dx + p * in));
+    return MDL_OK;
 }
 
 mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_avg_pool2d_forward: not implemented");
+    const char *fn = __func__;
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
+    int avx2 = mdl_use_avx2() && g.vec_ok;
+    PLANES(planes, (double)planes * (double)out * (double)(g.kh * g.kw),
+           if (avx2) mdl_avg_pool_plane_avx2(&g, x + p * in, y + p * out);
+           else mdl_avg_pool_plane_scalar(&g, x + p * in, y + p * out));
+    return MDL_OK;
 }
 
 mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_avg_pool2d_backward: not implemented");
+    const char *fn = __func__;
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(dy, dx);
+    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
+    int avx2 = mdl_use_avx2() && g.vec_ok;
+    PLANES(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
+           if (avx2) mdl_avg_pool_back_plane_avx2(&g, dy + p * out, dx + p * in);
+           else mdl_avg_pool_back_plane_scalar(&g, dy + p * out, dx + p * in));
+    return MDL_OK;
 }
 
-mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w, const float *x, float *y)
+static mdl_status global_check(const char *fn, int64_t n, int64_t c, int64_t h, int64_t w)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_global_avg_pool2d_forward: not implemented");
+    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
+    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
+    MDL_CHECK(h >= 1, "%s: h must be >= 1, got %lld", fn, (long long)h);
+    MDL_CHECK(w >= 1, "%s: w must be >= 1, got %lld", fn, (long long)w);
+    MDL_CHECK(h <= INT64_MAX / w && n <= INT64_MAX / c && n * c <= INT64_MAX / (h * w),
+              "%s: n * c * h * w overflows int64 (%lld, %lld, %lld, %lld)", fn, (long long)n,
+              (long long)c, (long long)h, (long long)w);
+    return MDL_OK;
 }
 
-mdl_status mdl_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w, const float *dy, float *dx)
+mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                         const float *x, float *y)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_global_avg_pool2d_backward: not implemented");
+    const char *fn = __func__;
+    mdl_status st = global_check(fn, n, c, h, w);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    int64_t planes = n * c, hw = h * w;
+    int avx2 = mdl_use_avx2();
+    PLANES(planes, (double)planes * (double)hw,
+           y[p] = avx2 ? mdl_global_avg_avx2(hw, x + p * hw) : mdl_global_avg_scalar(hw, x + p * hw));
+    return MDL_OK;
+}
+
+mdl_status mdl_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                          const float *dy, float *dx)
+{
+    const char *fn = __func__;
+    mdl_status st = global_check(fn, n, c, h, w);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(dy, dx);
+    int64_t planes = n * c, hw = h * w;
+    int avx2 = mdl_use_avx2();
+    PLANES(planes, (double)planes * (double)hw,
+           if (avx2) mdl_global_avg_back_avx2(hw, dy[p], dx + p * hw);
+           else mdl_global_avg_back_scalar(hw, dy[p], dx + p * hw));
+    return MDL_OK;
 }

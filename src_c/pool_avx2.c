@@ -1,0 +1,304 @@
+/* pool_avx2.c -- AVX2 versions of the pool.c plane kernels; compiled with -mavx2 -mfma.
+ *
+ * Each output row is split into the left border, the interior (windows that
+ * lie inside the row in full) and the right border.  The interior is done 8
+ * output columns at a time: lane j holds column ow + j, whose window starts at
+ * input column (ow + j) * sw - pw, so a window tap (ih, kx) is one load of 8
+ * input values spaced sw apart -- a plain load for stride 1, two loads and a
+ * deinterleave for stride 2, a gather otherwise.  Window rows are clipped per
+ * output row, the same for every lane.  The borders use the scalar reference.
+ * (The average-pooling backward is organised differently: see below.)
+ *
+ * Max pooling visits the taps in the reference's order with the reference's
+ * update rule (greater or NaN, by compare and blend), so its results and its
+ * argmax are bit-identical to pool.c. */
+#include "common.h"
+#if MDL_X86
+#include <immintrin.h>
+#include <string.h>
+#include "pool.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum { LOAD_S1 = 1, LOAD_S2 = 2, LOAD_GATHER = 0 };
+
+/* p[0], p[s], ..., p[7 s]; reads nothing outside p[0 .. 7 s]. */
+ALWAYS_INLINE __m256 load_strided(const float *p, const int mode, __m256i offsets)
+{
+    if (mode == LOAD_S1) return _mm256_loadu_ps(p);
+    if (mode == LOAD_S2) {
+        __m256 a = _mm256_loadu_ps(p);     /* offsets 0..7 */
+        __m256 b = _mm256_loadu_ps(p + 7); /* offsets 7..14 */
+        /* per 128-bit half: a0 a2 b1 b3 | a4 a6 b5 b7 = offsets 0 2 8 10 | 4 6 12 14 */
+        __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
+        return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+    return _mm256_i32gather_ps(p, offsets, 4);
+}
+
+static inline int load_mode(int64_t sw)
+{
+    return sw == 1 ? LOAD_S1 : sw == 2 ? LOAD_S2 : LOAD_GATHER;
+}
+
+static inline __m256i lane_offsets(int64_t sw)
+{
+    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)sw));
+}
+
+/* ---- max pooling ---------------------------------------------------------- */
+
+/* The running maximum takes v where v > m or v is NaN. */
+ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
+{
+    return _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, const int mode)
+{
+    const __m256i offs = lane_offsets(g->sw);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, span;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+        mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
+        int64_t ow = g->ow_lo;
+        for (; ow + 8 <= g->ow_hi; ow += 8) {
+            const float *base = x + ow * g->sw - g->pw;
+            __m256 m = ninf;
+            for (int64_t ih = hs; ih < he; ih++)
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+                    m = _mm256_blendv_ps(m, v, max_take(v, m));
+                }
+            _mm256_storeu_ps(y + oh * g->wo + ow, m);
+        }
+        mdl_max_pool_cols_scalar(g, x, y, oh, ow, g->wo);
+    }
+}
+
+void mdl_max_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
+{
+    switch (load_mode(g->sw)) {
+    case LOAD_S1: max_plane(g, x, y, LOAD_S1); break;
+    case LOAD_S2: max_plane(g, x, y, LOAD_S2); break;
+    default: max_plane(g, x, y, LOAD_GATHER); break;
+    }
+}
+
+/* The argmax of 8 windows is tracked as a vector of flat plane indices
+ * (int32: vec_ok guarantees h * w < 2^31); dy is then scattered lane by lane,
+ * in the reference's order. */
+ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const float *dy,
+                                  float *dx, const int mode)
+{
+    const __m256i offs = lane_offsets(g->sw);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, span;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+        const float *dyrow = dy + oh * g->wo;
+        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->ow_lo);
+        int64_t ow = g->ow_lo;
+        for (; ow + 8 <= g->ow_hi; ow += 8) {
+            const int64_t ws = ow * g->sw - g->pw;
+            const float *base = x + ws;
+            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)ws), offs);
+            __m256 m = ninf;
+            __m256i idx = _mm256_add_epi32(col, _mm256_set1_epi32((int)(hs * g->w)));
+            for (int64_t ih = hs; ih < he; ih++)
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+                    __m256 take = max_take(v, m);
+                    m = _mm256_blendv_ps(m, v, take);
+                    __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w + kx)));
+                    idx = _mm256_blendv_epi8(idx, cur, _mm256_castps_si256(take));
+                }
+            int32_t at[8];
+            _mm256_storeu_si256((__m256i *)at, idx);
+            for (int j = 0; j < 8; j++) dx[at[j]] += dyrow[ow + j];
+        }
+        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, ow, g->wo);
+    }
+}
+
+void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const float *dy,
+                                  float *dx)
+{
+    switch (load_mode(g->sw)) {
+    case LOAD_S1: max_back_plane(g, x, dy, dx, LOAD_S1); break;
+    case LOAD_S2: max_back_plane(g, x, dy, dx, LOAD_S2); break;
+    default: max_back_plane(g, x, dy, dx, LOAD_GATHER); break;
+    }
+}
+
+/* ---- average pooling ------------------------------------------------------ */
+
+/* Interior windows span kw columns, so the divisor is one number per output row. */
+ALWAYS_INLINE void avg_plane(const mdl_pool_geom *g, const float *x, float *y, const int mode)
+{
+    const __m256i offs = lane_offsets(g->sw);
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        const __m256 div = _mm256_set1_ps((float)(hspan * g->kw));
+        mdl_avg_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
+        int64_t ow = g->ow_lo;
+        for (; ow + 8 <= g->ow_hi; ow += 8) {
+            const float *base = x + ow * g->sw - g->pw;
+            __m256 sum = _mm256_setzero_ps();
+            for (int64_t ih = hs; ih < he; ih++)
+                for (int64_t kx = 0; kx < g->kw; kx++)
+                    sum = _mm256_add_ps(sum, load_strided(base + ih * g->w + kx, mode, offs));
+            _mm256_storeu_ps(y + oh * g->wo + ow, _mm256_div_ps(sum, div));
+        }
+        mdl_avg_pool_cols_scalar(g, x, y, oh, ow, g->wo);
+    }
+}
+
+#define AVG_CHUNK 1024
+#define AVG_MAX_KW 64
+
+/* For strides >= 3 gathers cost more than they save; the window sum is
+ * separable instead: sums over the window's rows first, 8 columns at a time,
+ * into v (a chunk of columns on the stack), then each window adds its kw
+ * column sums. */
+static void avg_plane_separable(const mdl_pool_geom *g, const float *x, float *y)
+{
+    float v[AVG_CHUNK];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw;
+    const int64_t per = (AVG_CHUNK - kw) / sw + 1; /* output columns per chunk */
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        for (int64_t o0 = 0; o0 < g->wo; o0 += per) {
+            const int64_t o1 = o0 + per < g->wo ? o0 + per : g->wo;
+            int64_t a, b;
+            mdl_pool_span(o0, sw, g->pw, kw, w, &a, &we, &wspan);
+            mdl_pool_span(o1 - 1, sw, g->pw, kw, w, &ws, &b, &wspan);
+            const int64_t len = b - a; /* <= (per - 1) * sw + kw <= AVG_CHUNK */
+            int64_t i = 0;
+            for (; i + 8 <= len; i += 8) {
+                const float *col = x + hs * w + a + i;
+                __m256 acc = _mm256_loadu_ps(col);
+                for (int64_t ih = hs + 1; ih < he; ih++)
+                    acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
+                _mm256_storeu_ps(v + i, acc);
+            }
+            for (; i < len; i++) {
+                float acc = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++) acc += x[ih * w + a + i];
+                v[i] = acc;
+            }
+            float *yrow = y + oh * g->wo;
+            for (int64_t ow = o0; ow < o1; ow++) {
+                mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+                float sum = 0.0f;
+                for (int64_t iw = ws; iw < we; iw++) sum += v[iw - a];
+                yrow[ow] = sum / (float)(hspan * wspan);
+            }
+        }
+    }
+}
+
+void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
+{
+    switch (load_mode(g->sw)) {
+    case LOAD_S1: avg_plane(g, x, y, LOAD_S1); break;
+    case LOAD_S2: avg_plane(g, x, y, LOAD_S2); break;
+    default:
+        if (g->kw <= AVG_MAX_KW) avg_plane_separable(g, x, y);
+        else avg_plane(g, x, y, LOAD_GATHER);
+        break;
+    }
+}
+
+/* The backward is separable: window (oh, ow) covers rows [hs, he) x columns
+ * [ws, we), so with g = dy / divisor, dx row ih = sum over the output rows oh
+ * covering ih of t_oh, where t_oh[iw] = sum over the windows ow covering iw of
+ * g[oh][ow].  t_oh is built in vector registers from u, the row of g spread
+ * out at its windows' start columns (zeros between): t[iw] = sum over kx of
+ * u[iw + pw - kx], kw shifted loads; then t is added to rows [hs, he) of dx.
+ * Input columns go in chunks so that u and t fit on the stack; any stride. */
+void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
+{
+    if (g->kw > AVG_MAX_KW) {
+        mdl_avg_pool_back_plane_scalar(g, dy, dx);
+        return;
+    }
+    float u[AVG_CHUNK + AVG_MAX_KW], t[AVG_CHUNK];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw;
+    memset(dx, 0, (size_t)(g->h * w) * sizeof(float));
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        const float *dyrow = dy + oh * g->wo;
+        for (int64_t c0 = 0; c0 < w; c0 += AVG_CHUNK) {
+            const int64_t len = w - c0 < AVG_CHUNK ? w - c0 : AVG_CHUNK;
+            /* u[i] is padded column jlo + i; padded column j is input column j - pw */
+            const int64_t jlo = c0 + g->pw - kw + 1, ulen = len + kw - 1;
+            memset(u, 0, (size_t)ulen * sizeof(float));
+            int64_t owa = jlo <= 0 ? 0 : (jlo + sw - 1) / sw;
+            int64_t owb = (jlo + ulen - 1) / sw + 1; /* jlo + ulen - 1 = c0 + len - 1 + pw >= 0 */
+            if (owb > g->wo) owb = g->wo;
+            for (int64_t ow = owa; ow < owb; ow++) {
+                mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+                u[ow * sw - jlo] = dyrow[ow] / (float)(hspan * wspan);
+            }
+            int64_t i = 0;
+            for (; i + 8 <= len; i += 8) {
+                __m256 acc = _mm256_loadu_ps(u + i + kw - 1);
+                for (int64_t kx = 1; kx < kw; kx++)
+                    acc = _mm256_add_ps(acc, _mm256_loadu_ps(u + i + kw - 1 - kx));
+                _mm256_storeu_ps(t + i, acc);
+            }
+            for (; i < len; i++) {
+                float acc = u[i + kw - 1];
+                for (int64_t kx = 1; kx < kw; kx++) acc += u[i + kw - 1 - kx];
+                t[i] = acc;
+            }
+            for (int64_t ih = hs; ih < he; ih++) {
+                float *row = dx + ih * w + c0;
+                for (i = 0; i + 8 <= len; i += 8)
+                    _mm256_storeu_ps(row + i, _mm256_add_ps(_mm256_loadu_ps(row + i),
+                                                            _mm256_loadu_ps(t + i)));
+                for (; i < len; i++) row[i] += t[i];
+            }
+        }
+    }
+}
+
+/* ---- global average pooling ----------------------------------------------- */
+
+/* mean of x[hw]: four 8-lane float accumulators, then a horizontal sum */
+float mdl_global_avg_avx2(int64_t hw, const float *x)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= hw; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
+    }
+    for (; i + 8 <= hw; i += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    float sum = _mm_cvtss_f32(q);
+    for (; i < hw; i++) sum += x[i];
+    return sum / (float)hw;
+}
+
+/* dx[hw] = dy / hw */
+void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx)
+{
+    const float v = dy / (float)hw;
+    const __m256 vv = _mm256_set1_ps(v);
+    int64_t i = 0;
+    for (; i + 8 <= hw; i += 8) _mm256_storeu_ps(dx + i, vv);
+    for (; i < hw; i++) dx[i] = v;
+}
+#endif

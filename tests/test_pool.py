@@ -1,0 +1,380 @@
+"""Pooling: max, average (count_include_pad=True) and global average, forward and
+backward, against the float64 references in reference.py."""
+import numpy as np
+import pytest
+
+import minidl
+from minidl import _C, ops
+
+from helpers import assert_close, f32
+import reference as ref
+
+# (n, c, h, w, kernel, stride, padding, ceil_mode); kernel/stride/padding as (h, w)
+CASES = [
+    (1, 1, 1, 1, (1, 1), (1, 1), (0, 0), False),     # 1x1 spatial
+    (1, 3, 1, 1, (1, 1), (2, 2), (0, 0), True),
+    (2, 3, 8, 8, (2, 2), (2, 2), (0, 0), False),     # the common 2x2/2
+    (1, 3, 6, 37, (2, 2), (2, 2), (0, 0), True),     # 2x2/2 wide enough for the vector interior
+    (1, 5, 9, 9, (2, 2), (2, 2), (0, 0), True),      # ceil mode adds a row and a column
+    (2, 3, 9, 21, (3, 3), (1, 1), (1, 1), False),    # stride 1 with padding
+    (2, 3, 11, 37, (3, 3), (2, 2), (1, 1), True),    # ResNet stem-like, ceil
+    (1, 2, 10, 40, (3, 3), (3, 3), (1, 1), True),    # stride 3 (gather path); ceil adds one
+    (1, 2, 5, 5, (3, 3), (3, 3), (1, 1), True),      # ceil's extra window starts in padding: dropped
+    (1, 2, 8, 28, (2, 2), (3, 3), (1, 1), True),     # stride > kernel, dropped window
+    (3, 7, 13, 29, (5, 5), (2, 2), (2, 2), True),    # kernel 5, ceil window past H + p
+    (1, 9, 15, 40, (7, 7), (1, 1), (3, 3), False),   # kernel 7
+    (2, 4, 14, 50, (7, 7), (3, 3), (3, 3), True),
+    (1, 3, 7, 33, (2, 3), (1, 2), (1, 1), False),    # rectangular everything
+    (2, 2, 12, 45, (3, 5), (2, 3), (0, 2), True),
+    (1, 10, 6, 19, (1, 4), (1, 1), (0, 2), False),
+    (2, 3, 17, 26, (4, 2), (3, 2), (2, 1), True),
+    (1, 1, 3, 64, (3, 1), (1, 1), (1, 0), False),
+    (1, 2, 3, 1100, (3, 3), (2, 2), (1, 1), True),   # wider than one column chunk
+    (1, 1, 2, 1500, (3, 3), (3, 3), (0, 1), True),   # likewise, stride 3
+    (1, 2, 2, 100, (1, 65), (1, 3), (0, 32), False),  # very wide window
+    (1, 2, 4, 4, (4, 4), (1, 1), (2, 2), True),      # pad = kernel / 2
+    (1, 2, 2, 2, (3, 3), (3, 3), (0, 0), True),      # ceil mode: kernel larger than the input
+]
+
+
+def _case_id(case):
+    n, c, h, w, k, s, p, ceil = case
+    return f"{n}x{c}x{h}x{w}-k{k[0]}{k[1]}-s{s[0]}{s[1]}-p{p[0]}{p[1]}-{'ceil' if ceil else 'floor'}"
+
+
+def _distinct(rng, *shape):
+    """float32 data without ties: distinct multiples of 1/4 (exact in float32)."""
+    size = int(np.prod(shape))
+    return ((rng.permutation(size) - size // 2) * 0.25).astype(np.float32).reshape(shape)
+
+
+def _small_ints(rng, *shape):
+    """Integer-valued gradients: sums of a few are exact in float32."""
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+# ---- output size -----------------------------------------------------------------
+
+# (size, kernel, stride, padding, ceil_mode) -> PyTorch's output size
+TORCH_SIZES = [
+    ((112, 3, 2, 0, False), 55),
+    ((112, 3, 2, 0, True), 56),    # GoogLeNet's stem pooling
+    ((112, 3, 2, 1, True), 57),
+    ((5, 2, 2, 0, False), 2),
+    ((5, 2, 2, 0, True), 3),       # ceil adds a partial window
+    ((5, 3, 3, 1, False), 2),
+    ((5, 3, 3, 1, True), 2),       # the extra window would start in the right padding
+    ((4, 2, 3, 1, True), 2),       # likewise
+    ((6, 3, 2, 1, True), 4),
+    ((7, 3, 2, 0, True), 3),       # exact fit: ceil changes nothing
+    ((2, 3, 3, 0, True), 1),       # ceil mode accepts a kernel larger than the input
+    ((1, 1, 1, 0, False), 1),
+]
+
+
+@pytest.mark.parametrize("args,want", TORCH_SIZES)
+def test_output_size_matches_pytorch(args, want):
+    size, k, s, p, ceil = args
+    assert ref.pool_output_size(size, k, s, p, ceil) == want
+    assert _C.pool2d_output_size((1, 1, size, 3, k, 1, s, 1, p, 0, int(ceil))) == (want, 3)
+    assert _C.pool2d_output_size((1, 1, 3, size, 1, k, 1, s, 0, p, int(ceil))) == (3, want)
+    x = np.zeros((1, 1, size, size), np.float32)
+    assert ops.max_pool2d(x, k, stride=s, padding=p, ceil_mode=ceil).shape == (1, 1, want, want)
+    assert ops.avg_pool2d(x, k, stride=s, padding=p, ceil_mode=ceil).shape == (1, 1, want, want)
+
+
+def test_output_size_agrees_with_reference_everywhere():
+    for size in range(1, 12):
+        for k in range(1, 7):
+            for s in range(1, 5):
+                for p in range(k // 2 + 1):
+                    for ceil in (0, 1):
+                        want = ref.pool_output_size(size, k, s, p, ceil)
+                        shape = (1, 1, size, size, k, k, s, s, p, p, ceil)
+                        if want >= 1:
+                            assert _C.pool2d_output_size(shape) == (want, want), shape
+                        else:
+                            with pytest.raises(ValueError, match="output too small"):
+                                _C.pool2d_output_size(shape)
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((0, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), "n must be in"),
+    ((1, 0, 4, 4, 2, 2, 2, 2, 0, 0, 0), "c must be in"),
+    ((1, 1, 0, 4, 2, 2, 2, 2, 0, 0, 0), "h must be in"),
+    ((1, 1, 4, -1, 2, 2, 2, 2, 0, 0, 0), "w must be in"),
+    ((1, 1, 4, 4, 0, 2, 2, 2, 0, 0, 0), "kh must be in"),
+    ((1, 1, 4, 4, 2, 0, 2, 2, 0, 0, 0), "kw must be in"),
+    ((1, 1, 4, 4, 2, 2, 0, 2, 0, 0, 0), "stride_h must be in"),
+    ((1, 1, 4, 4, 2, 2, 2, -3, 0, 0, 0), "stride_w must be in"),
+    ((1, 1, 4, 4, 2, 2, 2, 2, 2, 0, 0), r"pad_h must be in \[0, kh / 2\] = \[0, 1\].*got 2"),
+    ((1, 1, 4, 4, 3, 3, 2, 2, 0, -1, 0), "pad_w must be in"),
+    ((1, 1, 2, 4, 3, 2, 1, 2, 0, 0, 0), "output too small: h_out"),
+    ((1, 1, 4, 2, 2, 5, 1, 1, 0, 0, 0), "output too small: w_out"),
+])
+def test_c_core_checks_shape(shape, match):
+    with pytest.raises(ValueError, match=match):
+        _C.pool2d_output_size(shape)
+    x = np.zeros(16, np.float32)
+    with pytest.raises(ValueError, match=match):
+        _C.max_pool2d_forward(shape, x, x.copy())
+    with pytest.raises(ValueError, match=match):
+        _C.avg_pool2d_backward(shape, x, x.copy())
+
+
+def test_c_core_checks_pointers():
+    shape = (1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0)
+    x = np.zeros(16, np.float32)
+    with pytest.raises(ValueError, match="must not be NULL"):
+        _C.max_pool2d_forward(shape, None, x)
+    with pytest.raises(ValueError, match="must not be NULL"):
+        _C.max_pool2d_backward(shape, x, x, None)
+    with pytest.raises(ValueError, match="must not be NULL"):
+        _C.global_avg_pool2d_forward(1, 1, 4, 4, x, None)
+    with pytest.raises(ValueError, match="h must be >= 1"):
+        _C.global_avg_pool2d_backward(1, 1, 0, 4, x, x)
+
+
+# ---- max pooling ------------------------------------------------------------------
+
+
+def _kw(case):
+    n, c, h, w, k, s, p, ceil = case
+    return dict(stride=s, padding=p, ceil_mode=ceil)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_max_pool(simd, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = _distinct(rng, n, c, h, w)
+    y = ops.max_pool2d(x, k, **_kw(case))
+    np.testing.assert_array_equal(y, ref.max_pool2d(x, k, s, p, ceil))
+    dy = _small_ints(rng, *y.shape)
+    dx = ops.max_pool2d_backward(x, dy, k, **_kw(case))
+    np.testing.assert_array_equal(dx, ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+
+
+@pytest.mark.parametrize("case", [CASES[5], CASES[11]], ids=_case_id)
+def test_max_pool_threads(simd, threads, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = _distinct(rng, 8, 12, h, w)
+    y = ops.max_pool2d(x, k, **_kw(case))
+    np.testing.assert_array_equal(y, ref.max_pool2d(x, k, s, p, ceil))
+    dy = _small_ints(rng, *y.shape)
+    np.testing.assert_array_equal(ops.max_pool2d_backward(x, dy, k, **_kw(case)),
+                                  ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+
+
+def test_max_pool_ties_first_wins(simd):
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    dy = np.arange(1, 5, dtype=np.float32).reshape(1, 1, 2, 2)
+    dx = ops.max_pool2d_backward(x, dy, 2)
+    want = np.zeros((4, 4), np.float32)
+    want[0, 0], want[0, 2], want[2, 0], want[2, 2] = 1, 2, 3, 4
+    np.testing.assert_array_equal(dx[0, 0], want)
+    # with padding the first in-bounds element wins (padding never does)
+    dx = ops.max_pool2d_backward(x, np.ones((1, 1, 3, 3), np.float32), 3, stride=2, padding=1,
+                                 ceil_mode=True)
+    want = np.zeros((4, 4), np.float32)
+    want[0, 0] = want[0, 1] = want[0, 3] = 1
+    want[1, 0] = want[1, 1] = want[1, 3] = 1
+    want[3, 0] = want[3, 1] = want[3, 3] = 1
+    np.testing.assert_array_equal(dx[0, 0], want)
+
+
+@pytest.mark.parametrize("case", [CASES[4], CASES[6], CASES[9], CASES[13]], ids=_case_id)
+def test_max_pool_many_ties(simd, rng, case):
+    """Data from {-1, 0, 1}, -0.0 among the zeros: ties everywhere, also in the
+    vectorised interior; the argmax must be the reference's first one."""
+    n, c, h, w, k, s, p, ceil = case
+    x = rng.integers(-1, 2, (n, c, h, w)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = -0.0
+    y = ops.max_pool2d(x, k, **_kw(case))
+    np.testing.assert_array_equal(y, ref.max_pool2d(x, k, s, p, ceil))
+    dy = _small_ints(rng, *y.shape)
+    np.testing.assert_array_equal(ops.max_pool2d_backward(x, dy, k, **_kw(case)),
+                                  ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+
+
+@pytest.mark.parametrize("case", [CASES[4], CASES[6], CASES[11], CASES[13]], ids=_case_id)
+def test_max_pool_nan_and_inf(simd, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = _distinct(rng, n, c, h, w)
+    x[rng.random(x.shape) < 0.03] = np.nan
+    x[rng.random(x.shape) < 0.03] = np.inf
+    x[:, :, : h // 2, : w // 2] = -np.inf                 # windows of only -inf
+    y = ops.max_pool2d(x, k, **_kw(case))
+    want = ref.max_pool2d(x, k, s, p, ceil)
+    assert np.isnan(y).any() and np.isinf(y).any()
+    np.testing.assert_array_equal(y, want)               # NaN where the window has one
+    dy = _small_ints(rng, *y.shape)
+    dx = ops.max_pool2d_backward(x, dy, k, **_kw(case))  # gradient to the last NaN
+    np.testing.assert_array_equal(dx, ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+
+
+def test_max_pool_padding_never_wins(simd, rng):
+    x = -1.0 - rng.random((2, 3, 9, 30)).astype(np.float32)
+    y = ops.max_pool2d(x, 3, stride=1, padding=1)
+    assert (y < -1.0).all()
+    np.testing.assert_array_equal(y, ref.max_pool2d(x, (3, 3), (1, 1), (1, 1)))
+
+
+@pytest.mark.skipif(minidl.cpu_simd() != "avx2", reason="needs AVX2")
+@pytest.mark.parametrize("case", CASES[2:], ids=_case_id)
+def test_max_pool_scalar_and_avx2_bit_identical(rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = f32(rng, n, c, h, w)
+    x[rng.random(x.shape) < 0.02] = np.nan
+    x[rng.random(x.shape) < 0.2] = 0.5                    # ties
+    x[rng.random(x.shape) < 0.05] = -0.0
+    dy = None
+    out = []
+    try:
+        for level in ("scalar", "avx2"):
+            minidl.set_simd(level)
+            y = ops.max_pool2d(x, k, **_kw(case))
+            if dy is None:
+                dy = f32(rng, *y.shape)
+            out.append((y, ops.max_pool2d_backward(x, dy, k, **_kw(case))))
+    finally:
+        minidl.set_simd(minidl.cpu_simd())
+    (y0, dx0), (y1, dx1) = out
+    np.testing.assert_array_equal(_bits(y0), _bits(y1))
+    np.testing.assert_array_equal(_bits(dx0), _bits(dx1))
+
+
+# ---- average pooling --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_avg_pool(simd, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = f32(rng, n, c, h, w)
+    y = ops.avg_pool2d(x, k, **_kw(case))
+    assert_close(y, ref.avg_pool2d(x, k, s, p, ceil), "reduction", "avg_pool2d")
+    dy = f32(rng, *y.shape)
+    dx = ops.avg_pool2d_backward(x, dy, k, **_kw(case))
+    assert_close(dx, ref.avg_pool2d_backward(x.shape, dy, k, s, p, ceil), "reduction",
+                 "avg_pool2d_backward")
+    # the backward is the adjoint of the forward: <avg(x), dy> == <x, avg_backward(dy)>
+    lhs = np.dot(ref.avg_pool2d(x, k, s, p, ceil).ravel(), dy.astype(np.float64).ravel())
+    rhs = np.dot(x.astype(np.float64).ravel(), dx.astype(np.float64).ravel())
+    assert abs(lhs - rhs) <= 1e-4 * max(1.0, np.abs(x).sum())
+
+
+@pytest.mark.parametrize("case", [CASES[5], CASES[11]], ids=_case_id)
+def test_avg_pool_threads(simd, threads, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = f32(rng, 8, 12, h, w)
+    y = ops.avg_pool2d(x, k, **_kw(case))
+    assert_close(y, ref.avg_pool2d(x, k, s, p, ceil), "reduction")
+    dy = f32(rng, *y.shape)
+    assert_close(ops.avg_pool2d_backward(x, dy, k, **_kw(case)),
+                 ref.avg_pool2d_backward(x.shape, dy, k, s, p, ceil), "reduction")
+
+
+def test_avg_pool_divisor_like_pytorch(simd):
+    """count_include_pad=True: padding counts, but a ceil-mode window running past
+    the padded input divides only by its part inside it."""
+    x = np.ones((1, 1, 1, 6), np.float32)
+    y = ops.avg_pool2d(x, (1, 3), stride=(1, 2), padding=(0, 1), ceil_mode=True)
+    np.testing.assert_allclose(y[0, 0, 0], [2 / 3, 1, 1, 1 / 2], rtol=1e-6)
+    x = np.ones((1, 1, 5, 5), np.float32)
+    y = ops.avg_pool2d(x, 2, ceil_mode=True)
+    np.testing.assert_allclose(y[0, 0], np.ones((3, 3)), rtol=1e-6)
+    dx = ops.avg_pool2d_backward(x, np.ones((1, 1, 3, 3), np.float32), 2, ceil_mode=True)
+    want = np.full((5, 5), 0.25)
+    want[4, :4] = want[:4, 4] = 0.5
+    want[4, 4] = 1.0
+    np.testing.assert_allclose(dx[0, 0], want, rtol=1e-6)
+
+
+# ---- global average pooling -------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 7, 7), (3, 10, 5, 9), (1, 13, 1, 37),
+                                   (4, 64, 16, 17), (1, 3, 56, 57)])
+def test_global_avg_pool(simd, threads, rng, shape):
+    x = f32(rng, *shape) + 0.5
+    y = ops.global_avg_pool2d(x)
+    assert y.shape == shape[:2]
+    assert_close(y, ref.global_avg_pool2d(x), "reduction", "global_avg_pool2d")
+    dy = f32(rng, *shape[:2])
+    assert_close(ops.global_avg_pool2d_backward(x, dy), ref.global_avg_pool2d_backward(shape, dy),
+                 "elementwise", "global_avg_pool2d_backward")
+
+
+def test_empty_batch_and_channels():
+    x = np.zeros((0, 3, 8, 8), np.float32)
+    assert ops.max_pool2d(x, 2).shape == (0, 3, 4, 4)
+    assert ops.avg_pool2d_backward(x, np.zeros((0, 3, 4, 4), np.float32), 2).shape == x.shape
+    assert ops.global_avg_pool2d(np.zeros((2, 0, 3, 3), np.float32)).shape == (2, 0)
+
+
+# ---- bad input --------------------------------------------------------------------
+
+X = np.zeros((2, 3, 8, 8), np.float32)
+DY = np.zeros((2, 3, 4, 4), np.float32)
+WINDOW_OPS = [
+    ("max_pool2d", lambda x, **kw: ops.max_pool2d(x, kw.pop("k", 2), **kw)),
+    ("max_pool2d_backward",
+     lambda x, **kw: ops.max_pool2d_backward(x, kw.pop("dy", DY), kw.pop("k", 2), **kw)),
+    ("avg_pool2d", lambda x, **kw: ops.avg_pool2d(x, kw.pop("k", 2), **kw)),
+    ("avg_pool2d_backward",
+     lambda x, **kw: ops.avg_pool2d_backward(x, kw.pop("dy", DY), kw.pop("k", 2), **kw)),
+]
+
+
+@pytest.mark.parametrize("name,op", WINDOW_OPS, ids=[n for n, _ in WINDOW_OPS])
+@pytest.mark.parametrize("x,kw,exc,match", [
+    (X.astype(np.int32), {}, TypeError, "x must be a float32 array"),
+    (X.tolist(), {}, TypeError, "x must be a numpy.ndarray"),
+    (X[0], {}, ValueError, r"x must be 4-D \(N, C, H, W\)"),
+    (X, {"k": 0}, ValueError, "kernel_size must be >= 1, got 0"),
+    (X, {"k": (2, 2, 2)}, ValueError, "kernel_size must be an int or an"),
+    (X, {"k": 2.0}, TypeError, "kernel_size must be an int"),
+    (X, {"stride": 0}, ValueError, "stride must be >= 1, got 0"),
+    (X, {"stride": (2, -1)}, ValueError, "stride must be >= 1, got -1"),
+    (X, {"padding": -1}, ValueError, "padding must be >= 0, got -1"),
+    (X, {"padding": (0, 2)}, ValueError, r"padding must be at most half of kernel_size.*\(0, 2\)"),
+    (X, {"k": 11, "padding": 1}, ValueError, "output too small: H = 8 with kernel 11"),
+    (X[:, :, :, :1], {"k": (1, 2), "stride": 1}, ValueError, "output too small: W = 1"),
+    (X[:, :, :0], {}, ValueError, "H >= 1 and W >= 1"),
+    (X, {"ceil_mode": "yes"}, TypeError, "ceil_mode must be a bool"),
+])
+def test_window_ops_bad_input(name, op, x, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        op(x, **dict(kw))
+
+
+@pytest.mark.parametrize("name,op", WINDOW_OPS[1::2], ids=[n for n, _ in WINDOW_OPS[1::2]])
+@pytest.mark.parametrize("dy,exc,match", [
+    (DY[:, :, :3], ValueError, r"dy must have the output shape \(2, 3, 4, 4\)"),
+    (DY[0], ValueError, "dy must be 4-D"),
+    (DY.astype(np.int64), TypeError, "dy must be a float32 array"),
+    (None, TypeError, "dy must be a numpy.ndarray"),
+])
+def test_window_backward_bad_dy(name, op, dy, exc, match):
+    with pytest.raises(exc, match=match):
+        op(X, dy=dy)
+
+
+def test_global_avg_pool_bad_input():
+    with pytest.raises(TypeError, match="x must be a float32 array"):
+        ops.global_avg_pool2d(X.astype(np.int32))
+    with pytest.raises(ValueError, match=r"x must be 4-D \(N, C, H, W\)"):
+        ops.global_avg_pool2d(X[0])
+    with pytest.raises(ValueError, match="H >= 1 and W >= 1"):
+        ops.global_avg_pool2d(X[:, :, :, :0])
+    with pytest.raises(ValueError, match=r"dy must have shape \(N, C\) = \(2, 3\)"):
+        ops.global_avg_pool2d_backward(X, np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"dy must be 2-D \(N, C\)"):
+        ops.global_avg_pool2d_backward(X, np.zeros((2, 3, 1, 1), np.float32))
+    with pytest.raises(TypeError, match="dy must be a float32 array"):
+        ops.global_avg_pool2d_backward(X, np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        ops.global_avg_pool2d_backward(X[0], np.zeros((2, 3), np.float32))
