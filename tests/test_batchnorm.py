@@ -81,11 +81,14 @@ def test_running_momentum(simd, rng, momentum):
         np.testing.assert_array_equal(rv, rv0)
 
 
-@pytest.mark.parametrize("shape", [(8, 4, 32, 32), (4, 1, 512, 512), (50000, 3), (1, 2, 3, 5)])
-def test_train_large_offset(simd, rng, shape):
-    """|mean| >> std (mean 100, std 0.1): the statistics must not lose the variance,
-    up to a million values per channel."""
-    x = (rng.standard_normal(shape) * 0.1 + 100.0).astype(np.float32)
+@pytest.mark.parametrize("shape,offset", [((8, 4, 32, 32), 100.0), ((4, 1, 512, 512), 100.0),
+                                          ((50000, 3), 100.0), ((1, 2, 3, 5), 100.0),
+                                          ((4, 3, 20, 20), 1000.0), ((500, 11), -1000.0)])
+def test_train_large_offset(simd, rng, shape, offset):
+    """|mean| >> std (mean 100 or 1000, std 0.1): the statistics must not lose the
+    variance, up to a million values per channel, and y must not inherit the rounding
+    of the mean to float32 (at mean 1000 that alone is ~3e-4 of the std)."""
+    x = (rng.standard_normal(shape) * 0.1 + offset).astype(np.float32)
     c = shape[1]
     gamma, beta = np.ones(c, np.float32), np.zeros(c, np.float32)
     rm, rv = np.zeros(c, np.float32), np.ones(c, np.float32)
