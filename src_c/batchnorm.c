@@ -114,11 +114,11 @@ static mdl_status check_eps(const char *fn, float eps)
 #define PTR(fn, p) MDL_CHECK((p) != NULL, "%s: %s must not be NULL", fn, #p)
 
 /* Split the channels into one contiguous range per thread, in one parallel
- * region.  With hw == 1 the AVX2 kernels sweep 8 channels at a time, so the
- * ranges are cut at multiples of 8.  `passes` counts the sweeps over x. */
+ * region.  With hw == 1 the AVX2 kernels sweep 16 channels at a time, so the
+ * ranges are cut at multiples of 16.  `passes` counts the sweeps over x. */
 #define SPLIT_CHANNELS(passes, body)                                              \
     do {                                                                          \
-        const int64_t unit = hw == 1 ? 8 : 1, units = (c + unit - 1) / unit;      \
+        const int64_t unit = hw == 1 ? 16 : 1, units = (c + unit - 1) / unit;      \
         int nt = mdl_threads_for((double)n * (double)c * (double)hw * (passes));  \
         if (nt > units) nt = (int)units;                                          \
         PAR_FOR                                                                   \

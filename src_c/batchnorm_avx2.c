@@ -3,9 +3,9 @@
  *
  * hw >= 2: each channel is swept row by row (hw contiguous values per image),
  * 8 or 16 values per step with a scalar tail.  hw == 1 (input (n, c)): the
- * values of a channel are c apart, so 8 neighbouring channels are swept
- * together, one vector per image; the last c % 8 channels of a range go to
- * the scalar reference.
+ * values of a channel are c apart, so 16 (then 8) neighbouring channels are
+ * swept together, one or two vectors per image; the last c % 8 channels of a
+ * range go to the scalar reference.
  *
  * Sums of float values go into double-precision vector accumulators (each
  * vector of 8 floats is widened into two of 4 doubles), so the statistics do
@@ -113,72 +113,124 @@ static void channel_affine(int64_t n, int64_t c, int64_t hw, int64_t ch, const f
     }
 }
 
-/* ---- 8 channels at a time (hw == 1: x is (n, c)) ------------------------------ */
+/* ---- 8 * nv channels at a time (hw == 1: x is (n, c)) ------------------------ */
 
-/* The loops below read x[i * c + ch .. + 8) for i < n. */
+/* These read x[i * c + ch .. + 8 * nv) for i < n, nv = 1 or 2 (a compile-time
+ * constant after inlining): 16 channels fill a 64-byte cache line per image. */
+#define MAXV 2
+#define INLINE static inline __attribute__((always_inline))
 
-static void store8_pd(double out[8], __m256d lo, __m256d hi)
+INLINE void store_pd(double *out, const __m256d *lo, const __m256d *hi, int nv)
 {
-    _mm256_storeu_pd(out, lo);
-    _mm256_storeu_pd(out + 4, hi);
+    for (int v = 0; v < nv; v++) {
+        _mm256_storeu_pd(out + 8 * v, lo[v]);
+        _mm256_storeu_pd(out + 8 * v + 4, hi[v]);
+    }
 }
 
-static void train8(int64_t n, int64_t c, int64_t ch, const float *x, const float *gamma,
-                   const float *beta, float eps, float momentum, float *rm, float *rv, float *y,
-                   float *save_mean, float *save_invstd)
+INLINE void train_cols(int64_t n, int64_t c, int64_t ch, int nv, const float *x,
+                       const float *gamma, const float *beta, float eps, float momentum,
+                       float *rm, float *rv, float *y, float *save_mean, float *save_invstd)
 {
-    __m256d lo = _mm256_setzero_pd(), hi = lo;
-    for (int64_t i = 0; i < n; i++) acc_add(&lo, &hi, _mm256_loadu_ps(x + i * c + ch));
-    double s[8], sd[8], sd2[8];
-    float k[8], mf[8], scale[8], shift[8];
-    store8_pd(s, lo, hi);
-    for (int l = 0; l < 8; l++) k[l] = (float)(s[l] / (double)n);
-    const __m256 vk = _mm256_loadu_ps(k);
-    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-    for (int64_t i = 0; i < n; i++) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch), vk);
-        acc_add(&s0, &s1, d);
-        acc_sq(&q0, &q1, d);
+    __m256d lo[MAXV], hi[MAXV], qlo[MAXV], qhi[MAXV];
+    __m256 vk[MAXV];
+    double s[8 * MAXV], sd[8 * MAXV], sd2[8 * MAXV];
+    float k[8 * MAXV], mf[8 * MAXV], scale[8 * MAXV], shift[8 * MAXV];
+    for (int v = 0; v < nv; v++) lo[v] = hi[v] = _mm256_setzero_pd();
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) acc_add(&lo[v], &hi[v], _mm256_loadu_ps(x + i * c + ch + 8 * v));
+    store_pd(s, lo, hi, nv);
+    for (int l = 0; l < 8 * nv; l++) k[l] = (float)(s[l] / (double)n);
+    for (int v = 0; v < nv; v++) {
+        vk[v] = _mm256_loadu_ps(k + 8 * v);
+        lo[v] = hi[v] = qlo[v] = qhi[v] = _mm256_setzero_pd();
     }
-    store8_pd(sd, s0, s1);
-    store8_pd(sd2, q0, q1);
-    for (int l = 0; l < 8; l++)
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) {
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch + 8 * v), vk[v]);
+            acc_add(&lo[v], &hi[v], d);
+            acc_sq(&qlo[v], &qhi[v], d);
+        }
+    store_pd(sd, lo, hi, nv);
+    store_pd(sd2, qlo, qhi, nv);
+    for (int l = 0; l < 8 * nv; l++)
         mdl_bn_finish_train(n, (double)k[l], sd[l], sd2[l], gamma[ch + l], beta[ch + l], eps,
                             momentum, rm ? rm + ch + l : NULL, rv ? rv + ch + l : NULL,
                             save_mean + ch + l, save_invstd + ch + l, mf + l, scale + l,
                             shift + l);
-    const __m256 vm = _mm256_loadu_ps(mf), vs = _mm256_loadu_ps(scale), vb = _mm256_loadu_ps(shift);
-    for (int64_t i = 0; i < n; i++) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch), vm);
-        _mm256_storeu_ps(y + i * c + ch, _mm256_fmadd_ps(d, vs, vb));
+    __m256 vm[MAXV], vs[MAXV], vb[MAXV];
+    for (int v = 0; v < nv; v++) {
+        vm[v] = _mm256_loadu_ps(mf + 8 * v);
+        vs[v] = _mm256_loadu_ps(scale + 8 * v);
+        vb[v] = _mm256_loadu_ps(shift + 8 * v);
     }
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) {
+            const int64_t o = i * c + ch + 8 * v;
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
+            _mm256_storeu_ps(y + o, _mm256_fmadd_ps(d, vs[v], vb[v]));
+        }
 }
 
-static void backward8(int64_t n, int64_t c, int64_t ch, const float *x, const float *gamma,
-                      const float *dy, const float *mean, const float *invstd, float *dx,
-                      float *dgamma, float *dbeta, int accumulate)
+INLINE void infer_cols(int64_t n, int64_t c, int64_t ch, int nv, const float *x,
+                       const float *gamma, const float *beta, const float *rm, const float *rv,
+                       float eps, float *y)
 {
-    const __m256 vm = _mm256_loadu_ps(mean + ch);
-    __m256d g0 = _mm256_setzero_pd(), g1 = g0, p0 = g0, p1 = g0;
-    for (int64_t i = 0; i < n; i++) {
-        __m256 g = _mm256_loadu_ps(dy + i * c + ch);
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch), vm);
-        acc_add(&g0, &g1, g);
-        acc_add(&p0, &p1, _mm256_mul_ps(g, d));
+    float scale[8 * MAXV];
+    __m256 vm[MAXV], vs[MAXV], vb[MAXV];
+    for (int l = 0; l < 8 * nv; l++) scale[l] = mdl_bn_infer_scale(gamma[ch + l], rv[ch + l], eps);
+    for (int v = 0; v < nv; v++) {
+        vm[v] = _mm256_loadu_ps(rm + ch + 8 * v);
+        vs[v] = _mm256_loadu_ps(scale + 8 * v);
+        vb[v] = _mm256_loadu_ps(beta + ch + 8 * v);
     }
-    double sdy[8], sdyd[8];
-    float a[8], b[8], k[8];
-    store8_pd(sdy, g0, g1);
-    store8_pd(sdyd, p0, p1);
-    for (int l = 0; l < 8; l++)
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) {
+            const int64_t o = i * c + ch + 8 * v;
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
+            _mm256_storeu_ps(y + o, _mm256_fmadd_ps(d, vs[v], vb[v]));
+        }
+}
+
+INLINE void backward_cols(int64_t n, int64_t c, int64_t ch, int nv, const float *x,
+                          const float *gamma, const float *dy, const float *mean,
+                          const float *invstd, float *dx, float *dgamma, float *dbeta,
+                          int accumulate)
+{
+    __m256d glo[MAXV], ghi[MAXV], plo[MAXV], phi[MAXV];
+    __m256 vm[MAXV];
+    for (int v = 0; v < nv; v++) {
+        vm[v] = _mm256_loadu_ps(mean + ch + 8 * v);
+        glo[v] = ghi[v] = plo[v] = phi[v] = _mm256_setzero_pd();
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) {
+            const int64_t o = i * c + ch + 8 * v;
+            __m256 g = _mm256_loadu_ps(dy + o);
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
+            acc_add(&glo[v], &ghi[v], g);
+            acc_add(&plo[v], &phi[v], _mm256_mul_ps(g, d));
+        }
+    double sdy[8 * MAXV], sdyd[8 * MAXV];
+    float a[8 * MAXV], b[8 * MAXV], k[8 * MAXV];
+    store_pd(sdy, glo, ghi, nv);
+    store_pd(sdyd, plo, phi, nv);
+    for (int l = 0; l < 8 * nv; l++)
         mdl_bn_finish_backward(n, sdy[l], sdyd[l], gamma[ch + l], invstd[ch + l],
                                dgamma + ch + l, dbeta + ch + l, accumulate, a + l, b + l, k + l);
-    const __m256 va = _mm256_loadu_ps(a), vb = _mm256_loadu_ps(b), vc = _mm256_loadu_ps(k);
-    for (int64_t i = 0; i < n; i++) {
-        __m256 g = _mm256_loadu_ps(dy + i * c + ch);
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch), vm);
-        _mm256_storeu_ps(dx + i * c + ch, _mm256_fmadd_ps(g, va, _mm256_fmadd_ps(d, vb, vc)));
+    __m256 va[MAXV], vb[MAXV], vc[MAXV];
+    for (int v = 0; v < nv; v++) {
+        va[v] = _mm256_loadu_ps(a + 8 * v);
+        vb[v] = _mm256_loadu_ps(b + 8 * v);
+        vc[v] = _mm256_loadu_ps(k + 8 * v);
     }
+    for (int64_t i = 0; i < n; i++)
+        for (int v = 0; v < nv; v++) {
+            const int64_t o = i * c + ch + 8 * v;
+            __m256 g = _mm256_loadu_ps(dy + o);
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
+            _mm256_storeu_ps(dx + o, _mm256_fmadd_ps(g, va[v], _mm256_fmadd_ps(d, vb[v], vc[v])));
+        }
 }
 
 /* ---- kernels ------------------------------------------------------------------ */
@@ -190,8 +242,12 @@ void mdl_bn_train_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
 {
     int64_t ch = c0;
     if (hw == 1) {
+        for (; ch + 16 <= c1; ch += 16)
+            train_cols(n, c, ch, 2, x, gamma, beta, eps, momentum, rm, rv, y, save_mean,
+                       save_invstd);
         for (; ch + 8 <= c1; ch += 8)
-            train8(n, c, ch, x, gamma, beta, eps, momentum, rm, rv, y, save_mean, save_invstd);
+            train_cols(n, c, ch, 1, x, gamma, beta, eps, momentum, rm, rv, y, save_mean,
+                       save_invstd);
         if (ch < c1)
             mdl_bn_train_scalar(n, c, hw, ch, c1, x, gamma, beta, eps, momentum, rm, rv, y,
                                 save_mean, save_invstd);
@@ -216,16 +272,8 @@ void mdl_bn_infer_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
 {
     int64_t ch = c0;
     if (hw == 1) {
-        for (; ch + 8 <= c1; ch += 8) {
-            float scale[8];
-            for (int l = 0; l < 8; l++) scale[l] = mdl_bn_infer_scale(gamma[ch + l], rv[ch + l], eps);
-            const __m256 vm = _mm256_loadu_ps(rm + ch), vs = _mm256_loadu_ps(scale);
-            const __m256 vb = _mm256_loadu_ps(beta + ch);
-            for (int64_t i = 0; i < n; i++) {
-                __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch), vm);
-                _mm256_storeu_ps(y + i * c + ch, _mm256_fmadd_ps(d, vs, vb));
-            }
-        }
+        for (; ch + 16 <= c1; ch += 16) infer_cols(n, c, ch, 2, x, gamma, beta, rm, rv, eps, y);
+        for (; ch + 8 <= c1; ch += 8) infer_cols(n, c, ch, 1, x, gamma, beta, rm, rv, eps, y);
         if (ch < c1) mdl_bn_infer_scalar(n, c, hw, ch, c1, x, gamma, beta, rm, rv, eps, y);
         return;
     }
@@ -241,8 +289,10 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
 {
     int64_t ch = c0;
     if (hw == 1) {
+        for (; ch + 16 <= c1; ch += 16)
+            backward_cols(n, c, ch, 2, x, gamma, dy, mean, invstd, dx, dgamma, dbeta, accumulate);
         for (; ch + 8 <= c1; ch += 8)
-            backward8(n, c, ch, x, gamma, dy, mean, invstd, dx, dgamma, dbeta, accumulate);
+            backward_cols(n, c, ch, 1, x, gamma, dy, mean, invstd, dx, dgamma, dbeta, accumulate);
         if (ch < c1)
             mdl_bn_backward_scalar(n, c, hw, ch, c1, x, gamma, dy, mean, invstd, dx, dgamma,
                                    dbeta, accumulate);

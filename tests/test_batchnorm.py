@@ -10,12 +10,12 @@ from helpers import TOL, assert_close, f32
 import reference as ref
 
 # (N, C, H, W) and (N, C): batch 1 with hw > 1, 1x1 spatial with n > 1, odd sizes,
-# channels not a multiple of 8, 2-D input (hw == 1: the AVX2 kernels sweep 8 channels
-# at once, the rest go to the scalar tail), and sizes large enough for 2 threads.
+# channels not a multiple of 8, 2-D input (hw == 1: the AVX2 kernels sweep 16, then 8
+# channels at once, the rest go to the scalar tail), and sizes large enough for 2 threads.
 SHAPES = [
     (2, 3, 5, 7), (1, 5, 4, 6), (7, 9, 1, 1), (3, 17, 3, 3), (4, 13, 11, 5), (1, 2, 1, 2),
     (2, 16, 9, 9), (5, 8), (16, 33), (2, 24), (3, 1, 40, 41),
-    (4, 12, 24, 24), (3000, 21), (2, 3, 17),
+    (4, 12, 24, 24), (3000, 21), (2, 3, 17), (40, 29), (1000, 45),
 ]
 
 
