@@ -99,8 +99,9 @@ static mdl_status check_shape(const char *fn, int64_t n, int64_t c, int64_t hw)
     MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
     MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
     MDL_CHECK(hw >= 1, "%s: hw must be >= 1, got %lld", fn, (long long)hw);
-    MDL_CHECK(n <= INT64_MAX / c / hw, "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)",
-              fn, (long long)n, (long long)c, (long long)hw);
+    MDL_CHECK(n <= INT64_MAX / c / hw,
+              "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)", fn, (long long)n,
+              (long long)c, (long long)hw);
     return MDL_OK;
 }
 

@@ -138,7 +138,8 @@ INLINE void train_cols(int64_t n, int64_t c, int64_t ch, int nv, const float *x,
     float k[8 * MAXV], mf[8 * MAXV], scale[8 * MAXV], shift[8 * MAXV];
     for (int v = 0; v < nv; v++) lo[v] = hi[v] = _mm256_setzero_pd();
     for (int64_t i = 0; i < n; i++)
-        for (int v = 0; v < nv; v++) acc_add(&lo[v], &hi[v], _mm256_loadu_ps(x + i * c + ch + 8 * v));
+        for (int v = 0; v < nv; v++)
+            acc_add(&lo[v], &hi[v], _mm256_loadu_ps(x + i * c + ch + 8 * v));
     store_pd(s, lo, hi, nv);
     for (int l = 0; l < 8 * nv; l++) k[l] = (float)(s[l] / (double)n);
     for (int v = 0; v < nv; v++) {

@@ -359,9 +359,10 @@ def test_c_checks():
         train(1, 3, 4, v, c3, c3, 1e-5, 0.1, None, None, v, o3, None)
     with pytest.raises(ValueError, match="both given or both NULL, got only running_var NULL"):
         train(1, 3, 4, v, c3, c3, 1e-5, 0.1, o3, None, v, o3, o3)
-    with pytest.raises(ValueError, match="more than 1 value per channel when training, got n \\* hw = 1"):
+    with pytest.raises(ValueError,
+                       match=r"more than 1 value per channel when training, got n \* hw = 1"):
         train(1, 12, 1, v, v, v, 1e-5, 0.1, None, None, v, v, v)
-    with pytest.raises(ValueError, match="mdl_batch_norm_forward_infer: running_var must not be NULL"):
+    with pytest.raises(ValueError, match="_forward_infer: running_var must not be NULL"):
         _C.batch_norm_forward_infer(1, 3, 4, v, c3, c3, c3, None, 1e-5, v)
     with pytest.raises(ValueError, match="mdl_batch_norm_forward_infer: eps must be finite"):
         _C.batch_norm_forward_infer(1, 3, 4, v, c3, c3, c3, c3, float("inf"), v)
