@@ -401,6 +401,106 @@ def dropout_backward(dy: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray
 
 # ---- batch norm -------------------------------------------------------------------
 
+
+def _bn_x(x) -> Tuple[np.ndarray, int, int, int]:
+    """x as (N, C), (N, C, L) or (N, C, H, W) float32, and its (n, c, hw)."""
+    x = _input("x", x)
+    if x.ndim not in (2, 3, 4):
+        raise ValueError(f"x must be 2-D (N, C), 3-D (N, C, L) or 4-D (N, C, H, W), "
+                         f"got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"x must not be empty, got shape {x.shape}")
+    n, c = x.shape[:2]
+    return x, n, c, x.size // (n * c)
+
+
+def _bn_param(name: str, a, c: int, fill: Optional[float] = None) -> np.ndarray:
+    """A per-channel (C,) operand; None means `fill` where that is allowed."""
+    if a is None and fill is not None:
+        return np.full(c, fill, np.float32)
+    a = _input(name, a, 1, "(C,)")
+    if a.shape != (c,):
+        raise ValueError(f"{name} must have shape ({c},) (one value per channel of x), "
+                         f"got {a.shape}")
+    return a
+
+
+def batch_norm(x: np.ndarray, gamma: Optional[np.ndarray], beta: Optional[np.ndarray], *,
+               training: bool = True, running_mean: Optional[np.ndarray] = None,
+               running_var: Optional[np.ndarray] = None, momentum: float = 0.1,
+               eps: float = 1e-5) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Batch normalisation [torch.nn.functional.batch_norm], statistics per channel.
+
+    x: (N, C), (N, C, L) or (N, C, H, W); gamma, beta: (C,) (None: ones, zeros).
+    training=True normalises with the batch mean and biased variance over N and
+    the spatial axes (more than one value per channel needed) and, when
+    running_mean and running_var are given, updates them in place:
+    r = (1 - momentum) * r + momentum * stat, with the unbiased variance.
+    training=False normalises with running_mean and running_var (required).
+    Running statistics must be C-contiguous, writable float32 (C,) arrays.
+    Returns (y like x, mean (C,), invstd (C,)) where invstd = 1 / sqrt(var + eps):
+    the batch statistics in training (what batch_norm_backward takes), else
+    copies of running_mean and 1 / sqrt(running_var + eps).
+    """
+    x, n, c, hw = _bn_x(x)
+    gamma = _bn_param("gamma", gamma, c, 1.0)
+    beta = _bn_param("beta", beta, c, 0.0)
+    if not isinstance(training, (bool, np.bool_)):
+        raise TypeError(f"training must be a bool, got {training!r}")
+    eps = _float("eps", eps, 0.0, np.inf, hi_open=True)
+    if (running_mean is None) != (running_var is None):
+        given = "running_mean" if running_mean is not None else "running_var"
+        raise ValueError(f"running_mean and running_var must be given together, got only {given}")
+    if running_mean is not None:
+        _inout("running_mean", running_mean, (c,))
+        _inout("running_var", running_var, (c,))
+        if np.shares_memory(running_mean, running_var):
+            raise ValueError("running_mean and running_var must not overlap")
+    y = np.empty_like(x)
+    if training:
+        momentum = _float("momentum", momentum, 0.0, 1.0)
+        if n * hw <= 1:
+            raise ValueError(f"expected more than 1 value per channel when training, "
+                             f"got x of shape {x.shape}")
+        mean = np.empty(c, np.float32)
+        invstd = np.empty(c, np.float32)
+        _C.batch_norm_forward_train(n, c, hw, x.reshape(-1), gamma, beta, eps, momentum,
+                                    running_mean, running_var, y.reshape(-1), mean, invstd)
+        return y, mean, invstd
+    if running_mean is None:
+        raise ValueError("batch_norm with training=False needs running_mean and running_var")
+    _C.batch_norm_forward_infer(n, c, hw, x.reshape(-1), gamma, beta, running_mean,
+                                running_var, eps, y.reshape(-1))
+    invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(np.float32)
+    return y, running_mean.copy(), invstd
+
+
+def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarray,
+                        mean: np.ndarray, invstd: np.ndarray
+                        ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of batch_norm(x, gamma, beta, training=True).
+
+    x, dy: (N, C[, L | H, W]) of the same shape; gamma (None: ones), mean, invstd: (C,),
+    mean and invstd as returned by the forward.  Returns (dx like x, dgamma (C,),
+    dbeta (C,)), with xhat = (x - mean) * invstd and m = N * H * W values per channel:
+    dbeta = sum(dy), dgamma = sum(dy * xhat),
+    dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
+    """
+    x, n, c, hw = _bn_x(x)
+    dy = _input("dy", dy)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
+    gamma = _bn_param("gamma", gamma, c, 1.0)
+    mean = _bn_param("mean", mean, c)
+    invstd = _bn_param("invstd", invstd, c)
+    dx = np.empty_like(x)
+    dgamma = np.empty(c, np.float32)
+    dbeta = np.empty(c, np.float32)
+    _C.batch_norm_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean, invstd,
+                           dx.reshape(-1), dgamma, dbeta)
+    return dx, dgamma, dbeta
+
+
 # ---- linear -----------------------------------------------------------------------
 
 

@@ -1,17 +1,212 @@
-/* batchnorm.c -- placeholder: not implemented yet. */
+/* batchnorm.c -- BatchNorm over x (n, c, hw): statistics per channel over the
+ * m = n * hw values of that channel.  Scalar references here (double sums,
+ * two passes); AVX2 versions in batchnorm_avx2.c; argument checks and the
+ * OpenMP split over channels in the public functions at the end. */
+#include <math.h>
 #include "common.h"
+#include "batchnorm.h"
 
-mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, const float *beta, float eps, float momentum, float *running_mean, float *running_var, float *y, float *save_mean, float *save_invstd)
+#define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
+
+/* The hw values of channel ch in image i. */
+#define ROW(p, i, ch) ((p) + ((i) * c + (ch)) * hw)
+
+/* ---- scalar references ---------------------------------------------------- */
+
+/* x, y (n, c, hw); gamma, beta, save_mean, save_invstd, rm, rv (c); y overwritten */
+void mdl_bn_train_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                         const float *x, const float *gamma, const float *beta, float eps,
+                         float momentum, float *rm, float *rv, float *y, float *save_mean,
+                         float *save_invstd)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_batch_norm_forward_train: not implemented");
+    const int64_t m = n * hw;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch);
+            for (int64_t j = 0; j < hw; j++) s += p[j];
+        }
+        const double k = s / (double)m;
+        double sd = 0.0, sd2 = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch);
+            for (int64_t j = 0; j < hw; j++) {
+                double d = (double)p[j] - k;
+                sd += d;
+                sd2 += d * d;
+            }
+        }
+        float mf, scale, shift;
+        mdl_bn_finish_train(m, k, sd, sd2, gamma[ch], beta[ch], eps, momentum,
+                            rm ? rm + ch : NULL, rv ? rv + ch : NULL, save_mean + ch,
+                            save_invstd + ch, &mf, &scale, &shift);
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch);
+            float *q = ROW(y, i, ch);
+            for (int64_t j = 0; j < hw; j++) q[j] = (p[j] - mf) * scale + shift;
+        }
+    }
 }
 
-mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, const float *beta, const float *running_mean, const float *running_var, float eps, float *y)
+/* x, y (n, c, hw); y = (x - rm) * gamma / sqrt(rv + eps) + beta, overwritten */
+void mdl_bn_infer_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                         const float *x, const float *gamma, const float *beta,
+                         const float *rm, const float *rv, float eps, float *y)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_batch_norm_forward_infer: not implemented");
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const float mean = rm[ch], scale = mdl_bn_infer_scale(gamma[ch], rv[ch], eps);
+        const float b = beta[ch];
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch);
+            float *q = ROW(y, i, ch);
+            for (int64_t j = 0; j < hw; j++) q[j] = (p[j] - mean) * scale + b;
+        }
+    }
 }
 
-mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, const float *dy, const float *save_mean, const float *save_invstd, float *dx, float *dgamma, float *dbeta, int accumulate)
+/* x, dy, dx (n, c, hw); dx overwritten, dgamma and dbeta (c) = or += */
+void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                            const float *x, const float *gamma, const float *dy,
+                            const float *mean, const float *invstd, float *dx, float *dgamma,
+                            float *dbeta, int accumulate)
 {
-    return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_batch_norm_backward: not implemented");
+    const int64_t m = n * hw;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const float mu = mean[ch];
+        double sdy = 0.0, sdyd = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
+            for (int64_t j = 0; j < hw; j++) {
+                sdy += g[j];
+                sdyd += (double)g[j] * (double)(p[j] - mu);
+            }
+        }
+        float a, b, c0f;
+        mdl_bn_finish_backward(m, sdy, sdyd, gamma[ch], invstd[ch], dgamma + ch, dbeta + ch,
+                               accumulate, &a, &b, &c0f);
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
+            float *q = ROW(dx, i, ch);
+            for (int64_t j = 0; j < hw; j++) q[j] = g[j] * a + (p[j] - mu) * b + c0f;
+        }
+    }
+}
+
+/* ---- checks and dispatch -------------------------------------------------- */
+
+static mdl_status check_shape(const char *fn, int64_t n, int64_t c, int64_t hw)
+{
+    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
+    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
+    MDL_CHECK(hw >= 1, "%s: hw must be >= 1, got %lld", fn, (long long)hw);
+    MDL_CHECK(n <= INT64_MAX / c / hw,
+              "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)", fn, (long long)n,
+              (long long)c, (long long)hw);
+    return MDL_OK;
+}
+
+static mdl_status check_eps(const char *fn, float eps)
+{
+    MDL_CHECK(eps >= 0.0f && isfinite(eps), "%s: eps must be finite and >= 0, got %g", fn,
+              (double)eps);
+    return MDL_OK;
+}
+
+#define PTR(fn, p) MDL_CHECK((p) != NULL, "%s: %s must not be NULL", fn, #p)
+
+/* Split the channels into one contiguous range per thread, in one parallel
+ * region.  With hw == 1 the AVX2 kernels sweep 16 channels at a time, so the
+ * ranges are cut at multiples of 16.  `passes` counts the sweeps over x. */
+#define SPLIT_CHANNELS(passes, body)                                              \
+    do {                                                                          \
+        const int64_t unit = hw == 1 ? 16 : 1, units = (c + unit - 1) / unit;      \
+        int nt = mdl_threads_for((double)n * (double)c * (double)hw * (passes));  \
+        if (nt > units) nt = (int)units;                                          \
+        PAR_FOR                                                                   \
+        for (int t = 0; t < nt; t++) {                                            \
+            int64_t c0 = unit * (units * t / nt), c1 = unit * (units * (t + 1) / nt); \
+            if (c1 > c) c1 = c;                                                   \
+            body;                                                                 \
+        }                                                                         \
+    } while (0)
+
+mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const float *x,
+                                        const float *gamma, const float *beta, float eps,
+                                        float momentum, float *running_mean, float *running_var,
+                                        float *y, float *save_mean, float *save_invstd)
+{
+    static const char fn[] = "mdl_batch_norm_forward_train";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
+    MDL_CHECK(momentum >= 0.0f && momentum <= 1.0f, "%s: momentum must be in [0, 1], got %g",
+              fn, (double)momentum);
+    PTR(fn, x);
+    PTR(fn, gamma);
+    PTR(fn, beta);
+    PTR(fn, y);
+    PTR(fn, save_mean);
+    PTR(fn, save_invstd);
+    MDL_CHECK((running_mean == NULL) == (running_var == NULL),
+              "%s: running_mean and running_var must be both given or both NULL, got %s NULL",
+              fn, running_mean == NULL ? "only running_mean" : "only running_var");
+    MDL_CHECK(n * hw > 1,
+              "%s: expected more than 1 value per channel when training, got n * hw = %lld",
+              fn, (long long)(n * hw));
+    int avx2 = mdl_use_avx2();
+    SPLIT_CHANNELS(3.0, if (avx2) mdl_bn_train_avx2(n, c, hw, c0, c1, x, gamma, beta, eps,
+                                                    momentum, running_mean, running_var, y,
+                                                    save_mean, save_invstd);
+                        else mdl_bn_train_scalar(n, c, hw, c0, c1, x, gamma, beta, eps,
+                                                 momentum, running_mean, running_var, y,
+                                                 save_mean, save_invstd));
+    return MDL_OK;
+}
+
+mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const float *x,
+                                        const float *gamma, const float *beta,
+                                        const float *running_mean, const float *running_var,
+                                        float eps, float *y)
+{
+    static const char fn[] = "mdl_batch_norm_forward_infer";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
+    PTR(fn, x);
+    PTR(fn, gamma);
+    PTR(fn, beta);
+    PTR(fn, running_mean);
+    PTR(fn, running_var);
+    PTR(fn, y);
+    int avx2 = mdl_use_avx2();
+    SPLIT_CHANNELS(1.0, if (avx2) mdl_bn_infer_avx2(n, c, hw, c0, c1, x, gamma, beta,
+                                                    running_mean, running_var, eps, y);
+                        else mdl_bn_infer_scalar(n, c, hw, c0, c1, x, gamma, beta,
+                                                 running_mean, running_var, eps, y));
+    return MDL_OK;
+}
+
+mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                   const float *gamma, const float *dy, const float *save_mean,
+                                   const float *save_invstd, float *dx, float *dgamma,
+                                   float *dbeta, int accumulate)
+{
+    static const char fn[] = "mdl_batch_norm_backward";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    PTR(fn, x);
+    PTR(fn, gamma);
+    PTR(fn, dy);
+    PTR(fn, save_mean);
+    PTR(fn, save_invstd);
+    PTR(fn, dx);
+    PTR(fn, dgamma);
+    PTR(fn, dbeta);
+    int avx2 = mdl_use_avx2();
+    SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_backward_avx2(n, c, hw, c0, c1, x, gamma, dy,
+                                                       save_mean, save_invstd, dx, dgamma,
+                                                       dbeta, accumulate);
+                        else mdl_bn_backward_scalar(n, c, hw, c0, c1, x, gamma, dy, save_mean,
+                                                    save_invstd, dx, dgamma, dbeta, accumulate));
+    return MDL_OK;
 }
