@@ -6,7 +6,10 @@ Both run with the same thread count (the BLAS thread variables are set before
 NumPy is imported).  Each round times minidl then NumPy on the same operands
 (A B A B ...), each for at least --min-time seconds; the table shows the best
 round of each (the machine at its quietest) and the median over rounds of the
-per-round ratio minidl / NumPy.  minidl is called through minidl._C with a
+per-round ratio minidl / NumPy.  Before each timed sample the bench sleeps
+--settle seconds: OpenBLAS's worker threads busy-wait for about 0.1 s after a
+call (and OpenMP's for a shorter while), and on 2 cores spinning workers of
+one library halve the speed of the other.  minidl is called through minidl._C with a
 preallocated workspace, as the convolution layers call it.  Peak: 2 x 8-wide
 FMA per cycle per core, --ghz (default 2.6) x 32 FLOP x threads.
 """
@@ -32,6 +35,8 @@ def parse_args():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per timed sample")
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="idle seconds before each sample, so the other library's threads stop spinning")
     p.add_argument("--ghz", type=float, default=2.6, help="clock for the peak figure")
     p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
     return p.parse_args()
@@ -72,8 +77,10 @@ def numpy_blas(np) -> str:
         return "unknown"
 
 
-def timed(fn, min_time):
-    """Seconds per call, from enough back-to-back calls to last min_time."""
+def timed(fn, min_time, settle):
+    """Seconds per call, from enough back-to-back calls to last min_time, after
+    `settle` idle seconds."""
+    time.sleep(settle)
     reps = 1
     while True:
         t0 = time.perf_counter()
@@ -122,8 +129,8 @@ def main():
         assert err < 1e-4, f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
         t_mdl, t_np = [], []
         for _ in range(args.rounds):
-            t_mdl.append(timed(run_minidl, args.min_time))
-            t_np.append(timed(run_numpy, args.min_time))
+            t_mdl.append(timed(run_minidl, args.min_time, args.settle))
+            t_np.append(timed(run_numpy, args.min_time, args.settle))
         flop = 2.0 * m * n * k
         g_mdl, g_np = flop / min(t_mdl) / 1e9, flop / min(t_np) / 1e9
         ratio = statistics.median(tn / tm for tm, tn in zip(t_mdl, t_np))
@@ -136,7 +143,7 @@ def main():
     print(f"peak: {peak:.0f} GFLOP/s ({args.ghz} GHz x 32 FLOP/cycle x {args.threads} cores, AVX2 FMA); "
           "GF/s: best round; ratio: median of minidl / NumPy speed per round")
     if args.json:
-        info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=peak,
+        info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=peak, settle_s=args.settle,
                     numpy=np.__version__, numpy_blas=numpy_blas(np), minidl=minidl.__version__,
                     simd=minidl.get_simd(), python=platform.python_version(),
                     date=datetime.datetime.now().isoformat(timespec="seconds"),
