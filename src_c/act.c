@@ -3,8 +3,6 @@
 #include "common.h"
 #include "act.h"
 
-#define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
-
 /* ---- scalar references ---------------------------------------------------- */
 
 /* y[count] = max(x, 0); NaN stays NaN */
@@ -35,17 +33,6 @@ void mdl_dropout_scalar(int64_t lo, int64_t hi, uint32_t threshold, float scale,
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-/* Split [0, count) into one contiguous range per thread. */
-#define SPLIT(count, body)                                              \
-    do {                                                                \
-        int nt = mdl_threads_for((double)(count));                      \
-        PAR_FOR                                                         \
-        for (int t = 0; t < nt; t++) {                                  \
-            int64_t lo = (count) * t / nt, hi = (count) * (t + 1) / nt; \
-            body;                                                       \
-        }                                                               \
-    } while (0)
-
 mdl_status mdl_relu_forward(int64_t count, const float *x, float *y)
 {
     MDL_CHECK_NONNEG(count);
@@ -53,8 +40,9 @@ mdl_status mdl_relu_forward(int64_t count, const float *x, float *y)
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(y);
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_relu_forward_avx2(lo, hi, x, y);
-                 else mdl_relu_forward_scalar(lo, hi, x, y));
+    MDL_PARALLEL_RANGES(count, (double)count,
+                        if (avx2) mdl_relu_forward_avx2(lo, hi, x, y);
+                        else mdl_relu_forward_scalar(lo, hi, x, y));
     return MDL_OK;
 }
 
@@ -66,8 +54,9 @@ mdl_status mdl_relu_backward(int64_t count, const float *x, const float *dy, flo
     MDL_CHECK_PTR(dy);
     MDL_CHECK_PTR(dx);
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_relu_backward_avx2(lo, hi, x, dy, dx);
-                 else mdl_relu_backward_scalar(lo, hi, x, dy, dx));
+    MDL_PARALLEL_RANGES(count, (double)count,
+                        if (avx2) mdl_relu_backward_avx2(lo, hi, x, dy, dx);
+                        else mdl_relu_backward_scalar(lo, hi, x, dy, dx));
     return MDL_OK;
 }
 
@@ -79,8 +68,9 @@ mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y)
     MDL_CHECK_PTR(b);
     MDL_CHECK_PTR(y);
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_add_avx2(lo, hi, a, b, y);
-                 else mdl_add_scalar(lo, hi, a, b, y));
+    MDL_PARALLEL_RANGES(count, (double)count,
+                        if (avx2) mdl_add_avx2(lo, hi, a, b, y);
+                        else mdl_add_scalar(lo, hi, a, b, y));
     return MDL_OK;
 }
 
@@ -96,8 +86,9 @@ static mdl_status dropout(const char *fn, int64_t count, float p, uint64_t seed,
     if ((double)threshold < (double)p * 16777216.0) threshold++;
     float scale = 1.0f / (1.0f - p);
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_dropout_avx2(lo, hi, threshold, scale, seed, x, y);
-                 else mdl_dropout_scalar(lo, hi, threshold, scale, seed, x, y));
+    MDL_PARALLEL_RANGES(count, (double)count,
+                        if (avx2) mdl_dropout_avx2(lo, hi, threshold, scale, seed, x, y);
+                        else mdl_dropout_scalar(lo, hi, threshold, scale, seed, x, y));
     return MDL_OK;
 }
 

@@ -14,18 +14,13 @@
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
+#include "simd_avx2.h"
 #include "batchnorm.h"
 
 #define ROW(p, i, ch) ((p) + ((i) * c + (ch)) * hw)
 
 static inline __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 static inline __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
-
-static inline double hsum_pd(__m256d v)
-{
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
 
 /* acc += v, v widened to double */
 static inline void acc_add(__m256d *lo, __m256d *hi, __m256 v)
@@ -59,7 +54,7 @@ static double channel_sum(int64_t n, int64_t c, int64_t hw, int64_t ch, const fl
         for (; j + 8 <= hw; j += 8) acc_add(&a0, &a1, _mm256_loadu_ps(p + j));
         for (; j < hw; j++) tail += p[j];
     }
-    return hsum_pd(_mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(b0, b1))) + tail;
+    return mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(b0, b1))) + tail;
 }
 
 /* *sd = sum(x - k), *sd2 = sum((x - k)^2) over the channel */
@@ -92,8 +87,8 @@ static void channel_dev(int64_t n, int64_t c, int64_t hw, int64_t ch, const floa
             tq += d * d;
         }
     }
-    *sd = hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(t0, t1))) + ts;
-    *sd2 = hsum_pd(_mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(r0, r1))) + tq;
+    *sd = mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(t0, t1))) + ts;
+    *sd2 = mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(r0, r1))) + tq;
 }
 
 /* y = (x - mf) * scale + shift over the channel */
@@ -320,8 +315,8 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
             }
         }
         float a, b, k;
-        mdl_bn_finish_backward(m, hsum_pd(_mm256_add_pd(g0, g1)) + tg,
-                               hsum_pd(_mm256_add_pd(p0, p1)) + tp, gamma[ch], invstd[ch],
+        mdl_bn_finish_backward(m, mdl_hsum_pd(_mm256_add_pd(g0, g1)) + tg,
+                               mdl_hsum_pd(_mm256_add_pd(p0, p1)) + tp, gamma[ch], invstd[ch],
                                dgamma + ch, dbeta + ch, accumulate, &a, &b, &k);
         const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vc = _mm256_set1_ps(k);
         for (int64_t i = 0; i < n; i++) {

@@ -35,6 +35,19 @@ int mdl_use_avx2(void);
 int mdl_threads_for(double work);
 int mdl_num_threads(void);
 
+/* Run `body` on each thread with its contiguous share [lo, hi) of [0, count);
+ * `work` (scalar operations in all) decides how many threads (mdl_threads_for). */
+#define MDL_PARALLEL_RANGES(count, work, body)                                 \
+    do {                                                                       \
+        const int mdl_nt_ = mdl_threads_for(work);                             \
+        _Pragma("omp parallel for schedule(static) num_threads(mdl_nt_)")      \
+        for (int mdl_t_ = 0; mdl_t_ < mdl_nt_; mdl_t_++) {                     \
+            const int64_t lo = (count) * mdl_t_ / mdl_nt_;                     \
+            const int64_t hi = (count) * (mdl_t_ + 1) / mdl_nt_;               \
+            body;                                                              \
+        }                                                                      \
+    } while (0)
+
 /* Scratch memory: if `ws` is NULL, allocate `need` bytes into *owned (freed
  * by the caller with mdl_free); otherwise check that ws_bytes >= need.
  * The returned pointer is aligned to 64 bytes.  `need` must come from the

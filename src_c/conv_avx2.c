@@ -4,6 +4,7 @@
 #if MDL_X86
 #include <string.h>
 #include <immintrin.h>
+#include "simd_avx2.h"
 #include "conv.h"
 
 /* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
@@ -89,24 +90,10 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
     }
 }
 
-/* sum of p[0, count), four independent 8-lane accumulators */
+/* sum of p[0, count) */
 float mdl_conv_sum_avx2(const float *p, int64_t count)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= count; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-    }
-    for (; i + 8 <= count; i += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q) + mdl_conv_sum_scalar(p + i, count - i);
+    return mdl_sum_ps(p, count);
 }
 
 /* dst[0, count) += src[0, count) */

@@ -4,6 +4,7 @@
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
+#include "simd_avx2.h"
 #include <math.h>
 #include "loss.h"
 
@@ -62,12 +63,6 @@ static inline __m256d add_pd8(__m256d acc, __m256 v)
     return _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
-static inline double hsum_pd(__m256d v)
-{
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
 /* rows [lo, hi) of logits (n, classes) -> sum of row losses; dlogits (n, classes) = */
 double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const float *logits,
                                   const int64_t *labels, double inv_n, float *dlogits)
@@ -117,7 +112,7 @@ double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const
             if (d) _mm256_maskstore_ps(d + j, tail, e);
             acc1 = add_pd8(acc1, e);
         }
-        double s = hsum_pd(_mm256_add_pd(acc0, acc1));
+        double s = mdl_hsum_pd(_mm256_add_pd(acc0, acc1));
 
         int64_t label = labels[i];
         total += (double)m + log(s) - (double)z[label];

@@ -46,19 +46,6 @@ void mdl_adam_scalar(int64_t lo, int64_t hi, float *param, const float *grad, fl
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-#define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
-
-/* Split [0, count) into one contiguous range per thread. */
-#define SPLIT(count, body)                                              \
-    do {                                                                \
-        int nt = mdl_threads_for((double)(count) * 4.0);                \
-        PAR_FOR                                                         \
-        for (int t = 0; t < nt; t++) {                                  \
-            int64_t lo = (count) * t / nt, hi = (count) * (t + 1) / nt; \
-            body;                                                       \
-        }                                                               \
-    } while (0)
-
 mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad, float *momentum_buf,
                         float lr, float momentum, float dampening, float weight_decay,
                         int nesterov, int first_step)
@@ -81,8 +68,9 @@ mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad, float *m
     mdl_sgd_hp hp = {lr, momentum, (float)(1.0 - (double)dampening), weight_decay,
                      nesterov != 0, first_step != 0};
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_sgd_avx2(lo, hi, param, grad, momentum_buf, &hp);
-                 else mdl_sgd_scalar(lo, hi, param, grad, momentum_buf, &hp));
+    MDL_PARALLEL_RANGES(count, (double)count * 4.0,
+                        if (avx2) mdl_sgd_avx2(lo, hi, param, grad, momentum_buf, &hp);
+                        else mdl_sgd_scalar(lo, hi, param, grad, momentum_buf, &hp));
     return MDL_OK;
 }
 
@@ -120,7 +108,8 @@ mdl_status mdl_adam_step(int64_t count, float *param, const float *grad, float *
     hp.weight_decay = decoupled ? 0.0f : weight_decay;
     hp.decay = decoupled ? (float)(1.0 - (double)lr * (double)weight_decay) : 1.0f;
     int avx2 = mdl_use_avx2();
-    SPLIT(count, if (avx2) mdl_adam_avx2(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp);
-                 else mdl_adam_scalar(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp));
+    MDL_PARALLEL_RANGES(count, (double)count * 4.0,
+                        if (avx2) mdl_adam_avx2(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp);
+                        else mdl_adam_scalar(lo, hi, param, grad, exp_avg, exp_avg_sq, &hp));
     return MDL_OK;
 }

@@ -15,6 +15,7 @@
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
+#include "simd_avx2.h"
 #include <string.h>
 #include "pool.h"
 
@@ -271,25 +272,10 @@ void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float
 
 /* ---- global average pooling ----------------------------------------------- */
 
-/* mean of x[hw]: four 8-lane float accumulators, then a horizontal sum */
+/* mean of x[hw] */
 float mdl_global_avg_avx2(int64_t hw, const float *x)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= hw; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
-    }
-    for (; i + 8 <= hw; i += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    float sum = _mm_cvtss_f32(q);
-    for (; i < hw; i++) sum += x[i];
-    return sum / (float)hw;
+    return mdl_sum_ps(x, hw) / (float)hw;
 }
 
 /* dx[hw] = dy / hw */

@@ -1,0 +1,39 @@
+/* simd_avx2.h -- small AVX2 helpers shared by the *_avx2.c files (include only there). */
+#ifndef MDL_SIMD_AVX2_H
+#define MDL_SIMD_AVX2_H
+#include <immintrin.h>
+#include <stdint.h>
+
+/* sum of the 8 lanes */
+static inline float mdl_hsum_ps(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* sum of the 4 lanes */
+static inline double mdl_hsum_pd(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* sum of p[0, count) in float: four independent 8-lane accumulators, scalar tail */
+static inline float mdl_sum_ps(const float *p, int64_t count)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= count; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+    }
+    for (; i + 8 <= count; i += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    float sum = mdl_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < count; i++) sum += p[i];
+    return sum;
+}
+#endif
