@@ -51,3 +51,15 @@ def test_version_and_threads():
         minidl._C.set_min_parallel_work(-1)
     with pytest.raises(ValueError, match="simd level"):
         minidl.set_simd("avx9")
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"MINIDL_NUM_THREADS": "3"}, "3 "),
+    ({"MINIDL_SIMD": "scalar"}, " scalar"),
+])
+def test_environment_variables(env, expect):
+    """MINIDL_NUM_THREADS sets the default thread count, MINIDL_SIMD=scalar the kernels."""
+    code = "import minidl; print(minidl.get_num_threads(), minidl.get_simd())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env}, cwd=os.path.dirname(HERE)).stdout
+    assert expect in out, out
