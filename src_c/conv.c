@@ -211,9 +211,7 @@ static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64
     }
 }
 
-/* Portable twins of the conv_avx2.c helpers (conv.h documents them); the AVX2
- * ones must match them, and they stand in where the AVX2 file is not built. */
-
+/* sum of p[0, count): the reference for the bias gradient */
 float mdl_conv_sum_scalar(const float *p, int64_t count)
 {
     float acc = 0.0f;
@@ -221,72 +219,31 @@ float mdl_conv_sum_scalar(const float *p, int64_t count)
     return acc;
 }
 
-void mdl_conv_col2im_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
-                            float *dx, int64_t c0, int64_t c1)
-{
-    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, P = ho * wo;
-    for (int64_t ci = c0; ci < c1; ci++) {
-        float *plane = dx + ci * h * w;
-        memset(plane, 0, (size_t)(h * w) * sizeof(float));
-        for (int64_t i = 0; i < kh; i++)
-            for (int64_t j = 0; j < kw; j++) {
-                const float *row = col + ((ci * kh + i) * kw + j) * P;
-                int64_t oh0, oh1, ow0, ow1;
-                mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
-                mdl_conv_valid_range(w, wo, s->stride_w, s->pad_w, j, &ow0, &ow1);
-                for (int64_t oh = oh0; oh < oh1; oh++) {
-                    float *d = plane + (oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
-                    for (int64_t ow = ow0; ow < ow1; ow++) d[ow * s->stride_w] += row[oh * wo + ow];
-                }
-            }
-    }
-}
-
-/* One image: rows [r0, r1) of col (K, P) from x (c_in, h, w) (portable twin) */
-void mdl_conv_im2col_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
-                            float *col, int64_t r0, int64_t r1)
-{
-    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
-        float *dst = col + r * ho * wo;
-        int64_t oh0, oh1, ow0, ow1;
-        mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
-        mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
-        for (int64_t oh = 0; oh < ho; oh++) {
-            float *d = dst + oh * wo;
-            if (oh < oh0 || oh >= oh1) {
-                for (int64_t ow = 0; ow < wo; ow++) d[ow] = 0.0f;
-                continue;
-            }
-            const float *src = x + (ci * h + oh * s->stride_h - s->pad_h + i) * w - s->pad_w + j;
-            for (int64_t ow = 0; ow < ow0; ow++) d[ow] = 0.0f;
-            for (int64_t ow = ow0; ow < ow1; ow++) d[ow] = src[ow * sw];
-            for (int64_t ow = ow1; ow < wo; ow++) d[ow] = 0.0f;
-        }
-    }
-}
-
 /* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
 
+/* The fast path runs only when AVX2 is selected, so it exists only on x86. */
 static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, float *col)
 {
+#if MDL_X86
     const int64_t rows = g->K;
     int nt = mdl_threads_for((double)rows * g->P);
     if (nt > rows) nt = (int)rows;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++)
         mdl_conv_im2col_avx2(s, g->ho, g->wo, x, col, rows * t / nt, rows * (t + 1) / nt);
+#endif
 }
 
 static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, float *dx)
 {
+#if MDL_X86
     const int64_t c_in = s->c_in;
     int nt = mdl_threads_for((double)g->K * g->P);
     if (nt > c_in) nt = (int)c_in;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++)
         mdl_conv_col2im_avx2(s, g->ho, g->wo, col, dx, c_in * t / nt, c_in * (t + 1) / nt);
+#endif
 }
 
 /* ---- public entry points ------------------------------------------------------------ */
