@@ -95,7 +95,7 @@ sanitize: $(SAN_OBJS)
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
 	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
-	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not slow" .
+	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not external" .
 
 bench: ext
 	$(PYTHON) bench/bench_gemm.py

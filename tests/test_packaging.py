@@ -25,7 +25,7 @@ def test_cli_flags():
     assert subprocess.run([sys.executable, "-m", "minidl"], capture_output=True).returncode == 2
 
 
-@pytest.mark.slow
+@pytest.mark.external
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_c_program_links_package_copy(tmp_path):
     """The C API test, built with `python -m minidl --cflags --libs`, passes."""
