@@ -82,7 +82,7 @@ def conv2d_backward(x, w, dy, stride=(1, 1), padding=(0, 0)):
     """(dx, dw, db) of conv2d for the output gradient dy: the exact adjoint of the
     forward above, offset by offset."""
     x, w, dy = _f64(x, w, dy)
-    (ph, pw), (sh, sw) = padding, stride
+    ph, pw = padding
     _, _, h, wd = x.shape
     _, _, kh, kw = w.shape
     ho, wo = dy.shape[2:]
