@@ -112,8 +112,6 @@ static mdl_status check_eps(const char *fn, float eps)
     return MDL_OK;
 }
 
-#define PTR(fn, p) MDL_CHECK((p) != NULL, "%s: %s must not be NULL", fn, #p)
-
 /* Split the channels into one contiguous range per thread, in one parallel
  * region.  With hw == 1 the AVX2 kernels sweep 16 channels at a time, so the
  * ranges are cut at multiples of 16.  `passes` counts the sweeps over x. */
@@ -141,12 +139,12 @@ mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const 
     if ((st = check_eps(fn, eps)) != MDL_OK) return st;
     MDL_CHECK(momentum >= 0.0f && momentum <= 1.0f, "%s: momentum must be in [0, 1], got %g",
               fn, (double)momentum);
-    PTR(fn, x);
-    PTR(fn, gamma);
-    PTR(fn, beta);
-    PTR(fn, y);
-    PTR(fn, save_mean);
-    PTR(fn, save_invstd);
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(y);
+    MDL_CHECK_PTR(save_mean);
+    MDL_CHECK_PTR(save_invstd);
     MDL_CHECK((running_mean == NULL) == (running_var == NULL),
               "%s: running_mean and running_var must be both given or both NULL, got %s NULL",
               fn, running_mean == NULL ? "only running_mean" : "only running_var");
@@ -172,12 +170,12 @@ mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const 
     mdl_status st = check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
     if ((st = check_eps(fn, eps)) != MDL_OK) return st;
-    PTR(fn, x);
-    PTR(fn, gamma);
-    PTR(fn, beta);
-    PTR(fn, running_mean);
-    PTR(fn, running_var);
-    PTR(fn, y);
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(running_mean);
+    MDL_CHECK_PTR(running_var);
+    MDL_CHECK_PTR(y);
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(1.0, if (avx2) mdl_bn_infer_avx2(n, c, hw, c0, c1, x, gamma, beta,
                                                     running_mean, running_var, eps, y);
@@ -194,14 +192,14 @@ mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float
     static const char fn[] = "mdl_batch_norm_backward";
     mdl_status st = check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    PTR(fn, x);
-    PTR(fn, gamma);
-    PTR(fn, dy);
-    PTR(fn, save_mean);
-    PTR(fn, save_invstd);
-    PTR(fn, dx);
-    PTR(fn, dgamma);
-    PTR(fn, dbeta);
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(save_mean);
+    MDL_CHECK_PTR(save_invstd);
+    MDL_CHECK_PTR(dx);
+    MDL_CHECK_PTR(dgamma);
+    MDL_CHECK_PTR(dbeta);
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_backward_avx2(n, c, hw, c0, c1, x, gamma, dy,
                                                        save_mean, save_invstd, dx, dgamma,
