@@ -159,8 +159,8 @@ def _conv_shapes(x: np.ndarray, w: np.ndarray, stride, padding):
         raise ValueError(f"output too small: kernel (kh, kw) = ({kh}, {kw}) is larger than the "
                          f"padded input (H + 2*pad_h, W + 2*pad_w) = ({hp}, {wp}); "
                          f"use a smaller kernel or more padding")
-    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
-    return (n, c_in, h, wd, c_out, kh, kw, sh, sw, ph, pw), (ho, wo)
+    shape = (n, c_in, h, wd, c_out, kh, kw, sh, sw, ph, pw)
+    return shape, _C.conv2d_output_size((max(n, 1),) + shape[1:])
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
@@ -234,20 +234,18 @@ def _pool_args(x, kernel_size, stride, padding, ceil_mode):
     n, c, h, w = x.shape
     if h == 0 or w == 0:
         raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
-    shape = (n, c, h, w, kh, kw, sh, sw, ph, pw, int(bool(ceil_mode)))
-    return x, shape, (_pool_out(h, kh, sh, ph, ceil_mode, "H"), _pool_out(w, kw, sw, pw, ceil_mode, "W"))
+    geometry = (h, w, kh, kw, sh, sw, ph, pw, int(bool(ceil_mode)))
+    # the output size (PyTorch's rule, ceil mode included) comes from the C core, which
+    # raises "output too small" when it is < 1; it does not depend on n and c
+    return x, (n, c) + geometry, _C.pool2d_output_size((1, 1) + geometry)
 
 
-def _pool_out(size: int, k: int, s: int, p: int, ceil_mode: bool, dim: str) -> int:
-    """PyTorch's pooling output size: in ceil mode the last window must start inside
-    the input or its left padding."""
-    out = (size + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    if out < 1:
-        raise ValueError(f"output too small: {dim} = {size} with kernel {k}, stride {s}, "
-                         f"padding {p} gives an output size of {out}; it must be >= 1")
-    return out
+def _pool_forward(c_forward, x, kernel_size, stride, padding, ceil_mode) -> np.ndarray:
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    y = np.empty(x.shape[:2] + (ho, wo), np.float32)
+    if y.size:
+        c_forward(shape, x.reshape(-1), y.reshape(-1))
+    return y
 
 
 def _pool_dy(dy, n: int, c: int, ho: int, wo: int) -> np.ndarray:
@@ -263,12 +261,7 @@ def max_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair]
     (N, C, H_out, W_out).  kernel_size, stride, padding: int or (h, w); stride None
     means kernel_size; padding (never the maximum) at most kernel_size // 2.  NaN
     propagates; ties go to the first element in row-major window order."""
-    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
-    n, c = x.shape[:2]
-    y = np.empty((n, c, ho, wo), np.float32)
-    if y.size:
-        _C.max_pool2d_forward(shape, x.reshape(-1), y.reshape(-1))
-    return y
+    return _pool_forward(_C.max_pool2d_forward, x, kernel_size, stride, padding, ceil_mode)
 
 
 def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
@@ -290,12 +283,7 @@ def avg_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair]
     count_include_pad=True]: x (N, C, H, W) -> (N, C, H_out, W_out).  Arguments as
     for max_pool2d; in ceil mode a window reaching past the padded input divides by
     the part that lies inside it, as PyTorch does."""
-    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
-    n, c = x.shape[:2]
-    y = np.empty((n, c, ho, wo), np.float32)
-    if y.size:
-        _C.avg_pool2d_forward(shape, x.reshape(-1), y.reshape(-1))
-    return y
+    return _pool_forward(_C.avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode)
 
 
 def avg_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,

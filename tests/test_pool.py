@@ -341,8 +341,8 @@ WINDOW_OPS = [
     (X, {"stride": (2, -1)}, ValueError, "stride must be >= 1, got -1"),
     (X, {"padding": -1}, ValueError, "padding must be >= 0, got -1"),
     (X, {"padding": (0, 2)}, ValueError, r"padding must be at most half of kernel_size.*\(0, 2\)"),
-    (X, {"k": 11, "padding": 1}, ValueError, "output too small: H = 8 with kernel 11"),
-    (X[:, :, :, :1], {"k": (1, 2), "stride": 1}, ValueError, "output too small: W = 1"),
+    (X, {"k": 11, "padding": 1}, ValueError, "output too small: h_out = 0 for h = 8, kh = 11"),
+    (X[:, :, :, :1], {"k": (1, 2), "stride": 1}, ValueError, "output too small: w_out = 0 for w = 1, kw = 2"),
     (X[:, :, :0], {}, ValueError, "H >= 1 and W >= 1"),
     (X, {"ceil_mode": "yes"}, TypeError, "ceil_mode must be a bool"),
 ])
