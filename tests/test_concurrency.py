@@ -4,7 +4,6 @@ error message."""
 import threading
 
 import numpy as np
-import pytest
 
 from minidl import ops
 
