@@ -187,11 +187,13 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
 
 
 def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: IntPair = 1,
-                    padding: IntPair = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    padding: IntPair = 0, need_dx: bool = True
+                    ) -> Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
     """Gradients of conv2d(x, w, b, stride=stride, padding=padding) given dy = dL/dy.
 
     x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), dy: (N, C_out, H_out, W_out), exactly
-    the output shape.  Returns (dx, dw, db) with the shapes of x, w and (C_out,).
+    the output shape.  Returns (dx, dw, db) with the shapes of x, w and (C_out,);
+    dx is None when need_dx is False (a network's first layer needs no input gradient).
     """
     x = _input("x", x, 4, "(N, C_in, H, W)")
     w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
@@ -201,7 +203,7 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
     if dy.shape != (n, c_out, ho, wo):
         raise ValueError(f"dy must have the output shape (N, C_out, H_out, W_out) = "
                          f"{(n, c_out, ho, wo)}, got {dy.shape}")
-    dx = np.empty_like(x)
+    dx = np.empty_like(x) if need_dx else None
     dw = np.empty_like(w)
     db = np.empty(c_out, np.float32)
     if n == 0:
@@ -210,7 +212,8 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
         return dx, dw, db
     # one workspace for both calls that need one
     ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
-    _C.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
+    if need_dx:
+        _C.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
     _C.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
     _C.conv2d_backward_bias(shape, dy.reshape(-1), db)
     return dx, dw, db

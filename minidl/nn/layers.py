@@ -1,0 +1,396 @@
+"""Layers: parameters, shape inference and forward/backward through minidl.ops.
+
+A layer works on whole batches but reasons about per-sample shapes: `build` takes
+the per-sample shapes of its inputs (C, H, W) or (F,), creates its parameters and
+returns the per-sample output shape, raising ShapeError when the inputs do not fit.
+`forward(xs, training, seed)` returns (y, saved) and `backward(dy, saved, need_dx)`
+returns one input gradient per input (None where need_dx is False) and sets each
+parameter's `grad` (overwritten, never accumulated: a parameter belongs to one layer).
+What a layer keeps for backward is declared in `saves` ("in": its input, "out": its
+output, as arrays shared with the graph), so planners can count it without running.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from minidl import ops
+from minidl.nn import init as _init
+
+Shape = Tuple[int, ...]
+
+
+class ShapeError(ValueError):
+    """The inputs of a layer do not have shapes it can take."""
+
+
+class Parameter:
+    """A trainable float32 array, its gradient (set by backward) and how to initialise it."""
+
+    __slots__ = ("data", "grad", "init", "fan_in", "fan_out")
+
+    def __init__(self, shape: Shape, init: _init.Spec, fan_in: int = 1, fan_out: int = 1):
+        self.grad: Optional[np.ndarray] = None
+        self.init = _init.make(init)
+        self.fan_in, self.fan_out = fan_in, fan_out
+        self.data = np.zeros(shape, np.float32)
+        self.reset(np.random.default_rng(0))  # usable at once; Net.initialize(seed) redraws
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self.data[...] = self.init(self.data.shape, self.fan_in, self.fan_out, rng)
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape})"
+
+
+def _pair(v) -> Tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
+    """The per-sample output shape of op f on an empty batch: the op's own checks and
+    output-size rule, with its messages turned into ShapeError."""
+    try:
+        return f(np.empty((0,) + tuple(in_shape), np.float32), *args, **kwargs).shape[1:]
+    except ValueError as e:
+        raise ShapeError(f"{e} (input shape {tuple(in_shape)})") from None
+
+
+class Layer:
+    """Base class; see the module docstring for the protocol."""
+
+    num_inputs = 1
+    saves: Tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.params: Dict[str, Parameter] = {}
+        self.buffers: Dict[str, np.ndarray] = {}
+
+    # -- subclasses override ---------------------------------------------------------
+    def build(self, in_shapes: Sequence[Shape]) -> Shape:
+        return tuple(in_shapes[0])
+
+    def forward(self, xs: List[np.ndarray], training: bool, seed: int = 0):
+        raise NotImplementedError
+
+    def backward(self, dy: np.ndarray, saved, need_dx: bool = True) -> List[Optional[np.ndarray]]:
+        raise NotImplementedError
+
+    def flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
+        """Forward floating-point operations per sample (multiply-add = 2)."""
+        return int(np.prod(out_shape))
+
+    def args(self) -> str:
+        return ""
+
+    # -- shared ----------------------------------------------------------------------
+    def reset_parameters(self, rng: np.random.Generator) -> None:
+        for p in self.params.values():
+            p.reset(rng)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.args()})"
+
+    @staticmethod
+    def _expect_ndim(in_shape: Shape, ndim: int, what: str) -> None:
+        if len(in_shape) != ndim:
+            raise ShapeError(f"expects {what} per sample, got shape {tuple(in_shape)}")
+
+
+class Conv2d(Layer):
+    """2-D convolution: (C_in, H, W) -> (C_out, H_out, W_out); weight (C_out, C_in, kh, kw),
+    bias (C_out,).  in_channels is taken from the input when None."""
+
+    saves = ("in",)
+
+    def __init__(self, in_channels: Optional[int] = None, out_channels: int = 1,
+                 kernel_size=3, stride=1, padding=0, bias: bool = True,
+                 weight_init: _init.Spec = "kaiming", bias_init: _init.Spec = 0.0):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = (_pair(kernel_size), _pair(stride),
+                                                       _pair(padding))
+        self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
+
+    def build(self, in_shapes):
+        self._expect_ndim(in_shapes[0], 3, "(C, H, W)")
+        c, h, w = in_shapes[0]
+        if self.in_channels is not None and c != self.in_channels:
+            raise ShapeError(f"expects {self.in_channels} input channels, got shape {(c, h, w)}")
+        kh, kw = self.kernel_size
+        out = _dry_run(ops.conv2d, (c, h, w), np.empty((self.out_channels, c, kh, kw), np.float32),
+                       stride=self.stride, padding=self.padding)
+        self.in_channels = c
+        fan_in, fan_out = c * kh * kw, self.out_channels * kh * kw
+        self.params = {"weight": Parameter((self.out_channels, c, kh, kw), self.weight_init,
+                                           fan_in, fan_out)}
+        if self.bias:
+            self.params["bias"] = Parameter((self.out_channels,), self.bias_init, fan_in, fan_out)
+        return out
+
+    def forward(self, xs, training, seed=0):
+        b = self.params.get("bias")
+        y = ops.conv2d(xs[0], self.params["weight"].data, None if b is None else b.data,
+                       stride=self.stride, padding=self.padding)
+        return y, xs[0]
+
+    def backward(self, dy, saved, need_dx=True):
+        w = self.params["weight"]
+        dx, w.grad, db = ops.conv2d_backward(saved, w.data, dy, stride=self.stride,
+                                             padding=self.padding, need_dx=need_dx)
+        if "bias" in self.params:
+            self.params["bias"].grad = db
+        return [dx]
+
+    def flops(self, in_shapes, out_shape):
+        kh, kw = self.kernel_size
+        return 2 * int(np.prod(out_shape)) * in_shapes[0][0] * kh * kw
+
+    def args(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias}")
+
+
+class BatchNorm2d(Layer):
+    """Batch normalisation per channel of (C, H, W) or (C,) inputs; weight (gamma) and bias
+    (beta) (C,); buffers running_mean, running_var (C,) and num_batches_tracked (int64).
+    PyTorch's conventions: momentum 0.1, eps 1e-5, unbiased running variance."""
+
+    saves = ("in",)
+
+    def __init__(self, num_features: Optional[int] = None, eps: float = 1e-5,
+                 momentum: float = 0.1):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+
+    def build(self, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) not in (1, 3):
+            raise ShapeError(f"expects (C, H, W) or (C,) per sample, got shape {s}")
+        if self.num_features is not None and s[0] != self.num_features:
+            raise ShapeError(f"expects {self.num_features} channels, got shape {s}")
+        c = self.num_features = s[0]
+        self.params = {"weight": Parameter((c,), 1.0), "bias": Parameter((c,), 0.0)}
+        self.buffers = {"running_mean": np.zeros(c, np.float32),
+                        "running_var": np.ones(c, np.float32),
+                        "num_batches_tracked": np.zeros((), np.int64)}
+        return s
+
+    def reset_parameters(self, rng):
+        super().reset_parameters(rng)
+        self.buffers["running_mean"].fill(0.0)
+        self.buffers["running_var"].fill(1.0)
+        self.buffers["num_batches_tracked"].fill(0)
+
+    def forward(self, xs, training, seed=0):
+        b = self.buffers
+        y, mean, invstd = ops.batch_norm(xs[0], self.params["weight"].data,
+                                         self.params["bias"].data, training=training,
+                                         running_mean=b["running_mean"],
+                                         running_var=b["running_var"],
+                                         momentum=self.momentum, eps=self.eps)
+        if training:
+            b["num_batches_tracked"] += 1
+        return y, (xs[0], mean, invstd)
+
+    def backward(self, dy, saved, need_dx=True):
+        x, mean, invstd = saved
+        g, beta = self.params["weight"], self.params["bias"]
+        dx, g.grad, beta.grad = ops.batch_norm_backward(x, g.data, dy, mean, invstd)
+        return [dx]
+
+    def flops(self, in_shapes, out_shape):
+        return 4 * int(np.prod(out_shape))
+
+    def args(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class ReLU(Layer):
+    """max(x, 0), any shape."""
+
+    saves = ("out",)
+
+    def forward(self, xs, training, seed=0):
+        y = ops.relu(xs[0])
+        return y, y
+
+    def backward(self, dy, saved, need_dx=True):
+        return [ops.relu_backward(saved, dy)]  # y > 0 exactly where x > 0
+
+
+class _Pool2d(Layer):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size)
+        self.stride = self.kernel_size if stride is None else _pair(stride)
+        self.padding, self.ceil_mode = _pair(padding), bool(ceil_mode)
+
+    def build(self, in_shapes):
+        self._expect_ndim(in_shapes[0], 3, "(C, H, W)")
+        return _dry_run(self._op, in_shapes[0], self.kernel_size, **self._kw())
+
+    def _kw(self):
+        return dict(stride=self.stride, padding=self.padding, ceil_mode=self.ceil_mode)
+
+    def flops(self, in_shapes, out_shape):
+        return int(np.prod(out_shape)) * self.kernel_size[0] * self.kernel_size[1]
+
+    def args(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"ceil_mode={self.ceil_mode}")
+
+
+class MaxPool2d(_Pool2d):
+    """Max pooling (C, H, W) -> (C, H_out, W_out); ceil_mode as PyTorch and Caffe."""
+
+    saves = ("in",)
+    _op = staticmethod(ops.max_pool2d)
+
+    def forward(self, xs, training, seed=0):
+        return ops.max_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0]
+
+    def backward(self, dy, saved, need_dx=True):
+        return [ops.max_pool2d_backward(saved, dy, self.kernel_size, **self._kw())]
+
+
+class AvgPool2d(_Pool2d):
+    """Average pooling, padding counted (C, H, W) -> (C, H_out, W_out)."""
+
+    _op = staticmethod(ops.avg_pool2d)
+
+    def forward(self, xs, training, seed=0):
+        return ops.avg_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0].shape
+
+    def backward(self, dy, saved, need_dx=True):
+        shape_only = np.empty(saved, np.float32)  # backward needs x's shape, not its values
+        return [ops.avg_pool2d_backward(shape_only, dy, self.kernel_size, **self._kw())]
+
+
+class GlobalAvgPool2d(Layer):
+    """Mean over H and W: (C, H, W) -> (C,)."""
+
+    def build(self, in_shapes):
+        self._expect_ndim(in_shapes[0], 3, "(C, H, W)")
+        return (in_shapes[0][0],)
+
+    def forward(self, xs, training, seed=0):
+        return ops.global_avg_pool2d(xs[0]), xs[0].shape
+
+    def backward(self, dy, saved, need_dx=True):
+        return [ops.global_avg_pool2d_backward(np.empty(saved, np.float32), dy)]
+
+
+class Linear(Layer):
+    """Fully connected: (in_features,) -> (out_features,); weight (out, in), bias (out,).
+    Flatten first for image-shaped inputs."""
+
+    saves = ("in",)
+
+    def __init__(self, in_features: Optional[int] = None, out_features: int = 1,
+                 bias: bool = True, weight_init: _init.Spec = "kaiming",
+                 bias_init: _init.Spec = 0.0):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
+
+    def build(self, in_shapes):
+        if len(in_shapes[0]) != 1:
+            raise ShapeError(f"expects (features,) per sample, got shape {tuple(in_shapes[0])}; "
+                             f"put a Flatten before it")
+        f = in_shapes[0][0]
+        if self.in_features is not None and f != self.in_features:
+            raise ShapeError(f"expects {self.in_features} input features, got {f}")
+        self.in_features = f
+        self.params = {"weight": Parameter((self.out_features, f), self.weight_init, f,
+                                           self.out_features)}
+        if self.bias:
+            self.params["bias"] = Parameter((self.out_features,), self.bias_init, f,
+                                            self.out_features)
+        return (self.out_features,)
+
+    def forward(self, xs, training, seed=0):
+        b = self.params.get("bias")
+        return ops.linear(xs[0], self.params["weight"].data, None if b is None else b.data), xs[0]
+
+    def backward(self, dy, saved, need_dx=True):
+        w = self.params["weight"]
+        dx, w.grad, db = ops.linear_backward(saved, w.data, dy)
+        if "bias" in self.params:
+            self.params["bias"].grad = db
+        return [dx if need_dx else None]
+
+    def flops(self, in_shapes, out_shape):
+        return 2 * self.in_features * self.out_features
+
+    def args(self):
+        return f"{self.in_features}, {self.out_features}, bias={self.bias}"
+
+
+class Dropout(Layer):
+    """Inverted dropout with probability p in training, identity in evaluation.  The mask
+    is a function of the step's seed, so backward recomputes it and nothing is kept."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout p must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, xs, training, seed=0):
+        if not training or self.p == 0.0:
+            return xs[0], None
+        return ops.dropout(xs[0], self.p, seed=seed), seed
+
+    def backward(self, dy, saved, need_dx=True):
+        return [dy if saved is None else ops.dropout_backward(dy, self.p, seed=saved)]
+
+    def args(self):
+        return f"p={self.p}"
+
+
+class Flatten(Layer):
+    """(C, H, W) -> (C * H * W,) without a copy."""
+
+    def build(self, in_shapes):
+        return (int(np.prod(in_shapes[0])),)
+
+    def forward(self, xs, training, seed=0):
+        return xs[0].reshape(xs[0].shape[0], -1), xs[0].shape
+
+    def backward(self, dy, saved, need_dx=True):
+        return [dy.reshape(saved)]
+
+    def flops(self, in_shapes, out_shape):
+        return 0
+
+
+class Add(Layer):
+    """Sum of two inputs of the same shape (residual connections)."""
+
+    num_inputs = 2
+
+    def build(self, in_shapes):
+        a, b = (tuple(s) for s in in_shapes)
+        if a != b:
+            raise ShapeError(f"inputs must have the same shape, got {a} and {b}")
+        return a
+
+    def forward(self, xs, training, seed=0):
+        return ops.add(xs[0], xs[1]), None
+
+    def backward(self, dy, saved, need_dx=True):
+        return [dy, dy]
+
+
+class SoftmaxCrossEntropy:
+    """The loss head: mean softmax cross-entropy of logits (N, classes) against int labels
+    (N,); forward returns (loss, dlogits) in one pass."""
+
+    def __call__(self, logits: np.ndarray, labels: np.ndarray):
+        return ops.softmax_cross_entropy(logits, labels)
+
+
+LAYERS = {cls.__name__: cls for cls in (Conv2d, BatchNorm2d, ReLU, MaxPool2d, AvgPool2d,
+                                        GlobalAvgPool2d, Linear, Dropout, Flatten, Add)}

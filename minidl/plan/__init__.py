@@ -1,0 +1,193 @@
+"""Plans: what the executor does in one training step, as pure, printable data.
+
+A Plan lists the steps of a Net in execution order (one per layer node) with the
+decisions later planner passes make: the device each step runs on, the slices of a
+batch, and which activations are kept for backward.  Today's only plan is the plain
+one: everything on the CPU, unfused, one slice, every activation a layer needs for
+backward kept in memory.  `make_plan` also predicts the step's peak memory by
+replaying the executor's allocation order over the tensor sizes, without running a
+kernel (kernel workspaces, such as the im2col buffer, are not counted).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from minidl.graph import INPUT, Net
+from minidl.nn.layers import Flatten
+
+F32 = 4
+
+
+@dataclass
+class Step:
+    name: str
+    kind: str
+    inputs: List[str]
+    shape: List[int]            # output shape, batch included
+    device: str
+    param_bytes: int
+    output_bytes: int           # 0 when the output is a view of the input
+    kept: List[str]             # tensors (by node name) kept from forward for backward
+    flops: int                  # forward, whole batch
+    need_dx: List[bool]         # which inputs need a gradient
+
+
+@dataclass
+class Plan:
+    net: str
+    batch_size: int
+    steps: List[Step]
+    device: str = "cpu"
+    slices: int = 1
+    passes: List[str] = field(default_factory=list)
+    memory: Dict[str, int] = field(default_factory=dict)
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"no step named {name!r} in the plan of {self.net!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    def __str__(self) -> str:
+        mb = 1 / 2**20
+        head = (f"plan for {self.net!r}, batch {self.batch_size}, device {self.device}, "
+                f"{self.slices} slice(s), passes: {', '.join(self.passes) or 'none'}")
+        rows = [f"{'#':>3} {'node':<22} {'layer':<16} {'output shape':<20} {'params MB':>9} "
+                f"{'output MB':>9} {'kept':<14} {'GFLOP':>7}"]
+        for i, s in enumerate(self.steps):
+            rows.append(f"{i:>3} {s.name:<22} {s.kind:<16} {str(tuple(s.shape)):<20} "
+                        f"{s.param_bytes * mb:>9.3f} {s.output_bytes * mb:>9.2f} "
+                        f"{','.join(s.kept) or '-':<14.14} {s.flops / 1e9:>7.3f}")
+        m = self.memory
+        foot = [f"parameters {m['params'] * mb:.2f} MB, gradients {m['grads'] * mb:.2f} MB, "
+                f"optimizer state {m['optimizer'] * mb:.2f} MB",
+                f"activations kept for backward {m['kept_activations'] * mb:.2f} MB, "
+                f"activation peak {m['activation_peak'] * mb:.2f} MB",
+                f"predicted peak {m['peak'] * mb:.2f} MB; forward {self.flops() / 1e9:.2f} GFLOP, "
+                f"training step about {3 * self.flops() / 1e9:.2f} GFLOP"]
+        return "\n".join([head] + rows + foot)
+
+    def flops(self) -> int:
+        return sum(s.flops for s in self.steps)
+
+
+def storage_of(net: Net) -> Dict[str, str]:
+    """The node whose memory each node's output is (a Flatten output is a view)."""
+    root: Dict[str, str] = {}
+    for k, n in net.nodes.items():
+        root[k] = root[n.inputs[0]] if isinstance(n.layer, Flatten) else k
+    return root
+
+
+def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
+              device: str = "cpu") -> Plan:
+    """The plain plan of net at batch_size; optimizer_slots is the number of
+    parameter-sized arrays the optimizer keeps (SGD with momentum 1, Adam 2)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    root = storage_of(net)
+    steps = []
+    for k, n in net.layers():
+        layer = n.layer
+        in_shapes = [net.nodes[i].shape for i in n.inputs]
+        kept = sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
+        steps.append(Step(
+            name=k, kind=type(layer).__name__, inputs=list(n.inputs),
+            shape=[batch_size, *n.shape], device=device,
+            param_bytes=sum(p.data.nbytes for p in layer.params.values()),
+            output_bytes=0 if root[k] != k else batch_size * int(np.prod(n.shape)) * F32,
+            kept=kept, flops=batch_size * layer.flops(in_shapes, n.shape),
+            need_dx=[i != INPUT for i in n.inputs]))
+    plan = Plan(net.name, batch_size, steps, device)
+    params = sum(p.data.nbytes for p in net.parameters().values())
+    kept, act_peak = simulate_activations(net, plan)
+    plan.memory = dict(params=params, grads=params, optimizer=optimizer_slots * params,
+                       kept_activations=kept, activation_peak=act_peak,
+                       peak=(2 + optimizer_slots) * params + act_peak)
+    return plan
+
+
+def simulate_activations(net: Net, plan: Plan):
+    """(bytes kept for backward at the end of forward, peak activation bytes over the
+    step), replaying the executor's references: a forward output lives while a later
+    step still reads it or a step keeps it for backward; a gradient lives until its
+    node's backward step has run; Flatten and Add pass gradients on without copying."""
+    root = storage_of(net)
+    size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
+    last_read = {x: i for i, s in enumerate(plan.steps) for x in s.inputs}
+    refs: Dict[tuple, int] = {}
+    nbytes: Dict[tuple, int] = {}
+    cur = peak = 0
+
+    def new(key, b):
+        nonlocal cur, peak
+        refs[key], nbytes[key] = 1, b
+        cur += b
+        peak = max(peak, cur)
+
+    def inc(key):
+        refs[key] += 1
+
+    def dec(key):
+        nonlocal cur
+        refs[key] -= 1
+        if refs[key] == 0:
+            cur -= nbytes.pop(key)
+            del refs[key]
+
+    new(("act", INPUT), size[INPUT])
+    for i, s in enumerate(plan.steps):
+        if root[s.name] == s.name:
+            new(("act", s.name), size[s.name])
+        else:
+            inc(("act", root[s.name]))
+        for t in s.kept:
+            inc(("act", t))
+        for x in dict.fromkeys(s.inputs):
+            if last_read[x] == i:
+                dec(("act", root[x]))
+    kept = sum(nbytes[("act", t)] for t in {t for s in plan.steps for t in s.kept})
+    grads = {net.output: ("grad", net.output)}
+    new(grads[net.output], size[net.output])  # dlogits from the loss
+    dec(("act", root[net.output]))
+    for i in range(len(plan.steps) - 1, -1, -1):
+        s = plan.steps[i]
+        dy = grads.pop(s.name, None)
+        if dy is None:  # a dead end: nothing flows back through it
+            for t in s.kept:
+                dec(("act", t))
+            continue
+        for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
+            if not need:
+                continue
+            if s.kind in GRAD_PASSTHROUGH:
+                dx = dy
+                inc(dy)
+            else:
+                dx = ("grad", s.name, j)
+                new(dx, size[x])
+            if x in grads:  # a second consumer's gradient: their sum is a new array
+                total = ("sum", x, i)
+                new(total, size[x])
+                dec(grads[x])
+                dec(dx)
+                grads[x] = total
+            else:
+                grads[x] = dx
+        dec(dy)
+        for t in s.kept:
+            dec(("act", t))
+    return kept, peak
+
+
+GRAD_PASSTHROUGH = {"Flatten", "Add"}  # layers whose input gradients are dy itself (a view)
