@@ -94,18 +94,25 @@ CIFAR10_REMOTE = Remote(("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.g
 _MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
                   "http://yann.lecun.com/exdb/mnist/")
 _FASHION_MIRRORS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-                    "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/")
+                    "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/"
+                    "data/fashion/")
+
+
+def _remotes(mirrors, md5s):
+    return {name: Remote(tuple(m + name for m in mirrors), md5) for name, md5 in md5s}
+
+
 IDX_REMOTES = {
-    "mnist": {name: Remote(tuple(m + name for m in _MNIST_MIRRORS), md5) for name, md5 in [
+    "mnist": _remotes(_MNIST_MIRRORS, [
         ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
         ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
         ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
-        ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")]},
-    "fashion-mnist": {name: Remote(tuple(m + name for m in _FASHION_MIRRORS), md5) for name, md5 in [
+        ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")]),
+    "fashion-mnist": _remotes(_FASHION_MIRRORS, [
         ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
         ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
         ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-        ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310")]},
+        ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310")]),
 }
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -126,6 +133,7 @@ def fetch(remote: Remote, dest: Path) -> None:
     DatasetError (leaving no partial file) when every mirror fails."""
     from tqdm import tqdm
 
+    created = not dest.parent.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     for url in remote.urls:
@@ -150,6 +158,8 @@ def fetch(remote: Remote, dest: Path) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+    if created and not any(dest.parent.iterdir()):
+        dest.parent.rmdir()
     raise DatasetError("download failed: " + "; ".join(errors))
 
 
@@ -372,7 +382,8 @@ def _load_idx_set(name: str, dirs: Sequence[Path], train: bool, download: bool) 
     found = next((p for p in map(find, dirs) if p), None)
     if found is None:
         where = " or ".join(f"{d}/" for d in dirs)
-        help_ = (f"{name} was not found: expected {names[0]}[.gz] and {names[1]}[.gz] (the "
+        title = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}[name]
+        help_ = (f"{title} was not found: expected {names[0]}[.gz] and {names[1]}[.gz] (the "
                  f"official idx files, gzipped or not) in {where}; put them there, or choose "
                  "another data directory with --data DIR or the MINIDL_DATA environment "
                  "variable.")
