@@ -12,7 +12,7 @@ from minidl._C import (cpu_simd, get_num_threads, get_simd, set_num_threads,  # 
                        set_simd)
 
 __version__ = _C.version()
-__all__ = ["ops", "get_include", "get_library_dir", "set_num_threads", "get_num_threads",
+__all__ = ["ops", "nn", "Net", "optim", "models", "get_include", "get_library_dir", "set_num_threads", "get_num_threads",
            "set_simd", "get_simd", "cpu_simd", "__version__"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,4 +28,5 @@ def get_library_dir() -> str:
     return os.path.join(_HERE, "lib")
 
 
-from minidl import ops  # noqa: E402,F401
+from minidl import ops, nn, optim  # noqa: E402,F401
+from minidl.graph import Net  # noqa: E402,F401

@@ -4,10 +4,13 @@
  * Two versions, chosen at run time:
  *  - the scalar reference: direct loops over the definition, the test
  *    oracle and the portable fallback;
- *  - the fast path (AVX2 selected): per image, im2col into the workspace and
- *    one SGEMM with a small M (c_out) and a large N (h_out * w_out).  A 1x1
- *    kernel with stride 1 and no padding skips im2col: x itself is the
- *    column matrix.
+ *  - the fast path (AVX2 selected): for a chunk of B images at a time, im2col
+ *    into one column matrix (K, B * P) in the workspace and one SGEMM with
+ *    N = B * P, so that small images and few channels still make a GEMM large
+ *    enough to run near the kernel's speed; outputs and output gradients pass
+ *    through a (c_out, B * P) buffer.  B is chosen so the chunk's buffers stay
+ *    near CHUNK_FLOATS.  A 1x1 kernel with stride 1 and no padding skips
+ *    im2col and runs per image: x itself is the column matrix.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
 #include <string.h>
@@ -18,12 +21,15 @@
 
 #define SIZE_LIMIT 2147483647LL          /* every shape field fits in 31 bits */
 #define COUNT_LIMIT 1152921504606846976.0 /* 2^60 elements in any tensor or buffer */
+#define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
 
 typedef struct conv_geom {
     int64_t ho, wo;      /* output size */
     int64_t K, P;        /* rows and columns of the column matrix */
     int pointwise;       /* 1x1 kernel, stride 1, no padding: no im2col */
-    size_t col_floats;   /* column matrix of one image, rounded up to 64 bytes */
+    int64_t B;           /* images per chunk (1 when pointwise) */
+    size_t col_floats;   /* column matrix of a chunk, rounded up to 64 bytes */
+    size_t out_floats;   /* (c_out, B * P) buffer of a chunk, rounded up to 64 bytes */
     size_t gemm_bytes;   /* the largest SGEMM workspace of the three ops */
     size_t need;         /* the whole workspace, with MDL_WS_SLACK */
 } conv_geom;
@@ -76,12 +82,16 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     g->P = g->ho * g->wo;
     g->pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
                    s->pad_h == 0 && s->pad_w == 0;
-    g->col_floats = g->pointwise ? 0 : ((size_t)(g->K * g->P) + 15) & ~(size_t)15;
-    size_t fwd = mdl_sgemm_workspace_size(s->c_out, g->P, g->K);   /* y = W @ col */
-    size_t bwd_data = mdl_sgemm_workspace_size(g->K, g->P, s->c_out); /* col = W^T @ dy */
-    size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, g->P);  /* dw = dy @ col^T */
+    int64_t per_image = (g->K + s->c_out) * g->P, B = CHUNK_FLOATS / (per_image > 0 ? per_image : 1);
+    g->B = g->pointwise ? 1 : B < 1 ? 1 : B > s->n ? (s->n > 0 ? s->n : 1) : B;
+    const int64_t N = g->B * g->P;
+    g->col_floats = g->pointwise ? 0 : ((size_t)(g->K * N) + 15) & ~(size_t)15;
+    g->out_floats = g->pointwise ? 0 : ((size_t)(s->c_out * N) + 15) & ~(size_t)15;
+    size_t fwd = mdl_sgemm_workspace_size(s->c_out, N, g->K);   /* y = W @ col */
+    size_t bwd_data = mdl_sgemm_workspace_size(g->K, N, s->c_out); /* col = W^T @ dy */
+    size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, N);  /* dw = dy @ col^T */
     g->gemm_bytes = max_size(fwd, max_size(bwd_data, bwd_w));
-    g->need = g->col_floats * sizeof(float) + g->gemm_bytes + MDL_WS_SLACK;
+    g->need = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes + MDL_WS_SLACK;
     return MDL_OK;
 }
 
@@ -222,28 +232,64 @@ float mdl_conv_sum_scalar(const float *p, int64_t count)
 /* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
 
 /* The fast path runs only when AVX2 is selected, so it exists only on x86. */
-static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, float *col)
+/* col (K, nb * P) = the column matrices of images x[0, nb) side by side: the rows
+ * (image, kernel row) are split among the threads */
+static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, int64_t nb,
+                   float *col)
 {
 #if MDL_X86
-    const int64_t rows = g->K;
-    int nt = mdl_threads_for((double)rows * g->P);
-    if (nt > rows) nt = (int)rows;
+    const int64_t rows = g->K, total = nb * rows, ld = nb * g->P, image = s->c_in * s->h * s->w;
+    int nt = mdl_threads_for((double)total * g->P);
+    if (nt > total) nt = (int)total;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++)
-        mdl_conv_im2col_avx2(s, g->ho, g->wo, x, col, rows * t / nt, rows * (t + 1) / nt);
+    for (int t = 0; t < nt; t++) {
+        for (int64_t q = total * t / nt, end = total * (t + 1) / nt; q < end;) {
+            int64_t b = q / rows, r0 = q % rows, r1 = rows < r0 + end - q ? rows : r0 + end - q;
+            mdl_conv_im2col_avx2(s, g->ho, g->wo, x + b * image, col + b * g->P, ld, r0, r1);
+            q += r1 - r0;
+        }
+    }
 #endif
 }
 
-static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, float *dx)
+/* dx[0, nb) = col2im of the column matrix (K, nb * P): the (image, input channel)
+ * planes are split among the threads */
+static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, int64_t nb,
+                   float *dx)
 {
 #if MDL_X86
-    const int64_t c_in = s->c_in;
-    int nt = mdl_threads_for((double)g->K * g->P);
-    if (nt > c_in) nt = (int)c_in;
+    const int64_t c_in = s->c_in, total = nb * c_in, ld = nb * g->P, image = c_in * s->h * s->w;
+    int nt = mdl_threads_for((double)g->K * g->P * nb);
+    if (nt > total) nt = (int)total;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++)
-        mdl_conv_col2im_avx2(s, g->ho, g->wo, col, dx, c_in * t / nt, c_in * (t + 1) / nt);
+    for (int t = 0; t < nt; t++) {
+        for (int64_t q = total * t / nt, end = total * (t + 1) / nt; q < end;) {
+            int64_t b = q / c_in, c0 = q % c_in, c1 = c_in < c0 + end - q ? c_in : c0 + end - q;
+            mdl_conv_col2im_avx2(s, g->ho, g->wo, col + b * g->P, ld, dx + b * image, c0, c1);
+            q += c1 - c0;
+        }
+    }
 #endif
+}
+
+/* buf (c_out, nb * P) <-> t[0, nb) (nb, c_out, P); to_buf copies t into buf, else
+ * buf into t, adding bias[co] (when not NULL) */
+static void chunk_copy(const conv_geom *g, int64_t c_out, int64_t nb, float *buf, float *t,
+                       const float *bias, int to_buf)
+{
+    const int64_t P = g->P, rows = nb * c_out;
+    int nt = mdl_threads_for((double)rows * P);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < rows; q++) {
+        int64_t b = q / c_out, co = q % c_out;
+        float *bp = buf + co * nb * P + b * P, *tp = t + q * P;
+        if (to_buf) {
+            memcpy(bp, tp, (size_t)P * sizeof(float));
+        } else {
+            const float add = bias ? bias[co] : 0.0f;
+            for (int64_t p = 0; p < P; p++) tp[p] = bp[p] + add;
+        }
+    }
 }
 
 /* ---- public entry points ------------------------------------------------------------ */
@@ -267,21 +313,23 @@ mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const f
         forward_scalar(s, g.ho, g.wo, x, w, bias, y);
         return MDL_OK;
     }
-    const int64_t c_out = s->c_out, K = g.K, P = g.P;
-    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
-    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
-        const float *xb = x + b * s->c_in * s->h * s->w;
+    const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
+    float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
+        const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
         float *yb = y + b * c_out * P;
-        const float *col = xb;
-        if (!g.pointwise) {
-            im2col(s, &g, xb, colbuf);
-            col = colbuf;
+        if (g.pointwise) { /* x itself is the column matrix; start rows at the bias */
+            if (bias)
+                for (int64_t co = 0; co < c_out; co++)
+                    for (int64_t p = 0; p < P; p++) yb[co * P + p] = bias[co];
+            st = mdl_sgemm(0, 0, c_out, P, K, 1.0f, w, K, x + b * image, P, bias ? 1.0f : 0.0f,
+                           yb, P, gemm_ws, g.gemm_bytes);
+            continue;
         }
-        if (bias) /* start each output row at its bias and let the GEMM add to it */
-            for (int64_t co = 0; co < c_out; co++)
-                for (int64_t p = 0; p < P; p++) yb[co * P + p] = bias[co];
-        st = mdl_sgemm(0, 0, c_out, P, K, 1.0f, w, K, col, P, bias ? 1.0f : 0.0f, yb, P,
+        im2col(s, &g, x + b * image, nb, colbuf);
+        st = mdl_sgemm(0, 0, c_out, nb * P, K, 1.0f, w, K, colbuf, nb * P, 0.0f, outbuf, nb * P,
                        gemm_ws, g.gemm_bytes);
+        if (st == MDL_OK) chunk_copy(&g, c_out, nb, outbuf, yb, bias, 0);
     }
     mdl_free(owned);
     return st;
@@ -306,19 +354,20 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
         backward_data_scalar(s, g.ho, g.wo, dy, w, dx);
         return MDL_OK;
     }
-    const int64_t c_out = s->c_out, K = g.K, P = g.P;
-    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
-    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
+    const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
+    float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
+        const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
         const float *dyb = dy + b * c_out * P;
-        float *dxb = dx + b * s->c_in * s->h * s->w;
         if (g.pointwise) { /* dx = W^T @ dy directly */
-            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, dxb, P, gemm_ws,
-                           g.gemm_bytes);
-        } else {
-            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, colbuf, P, gemm_ws,
-                           g.gemm_bytes);
-            if (st == MDL_OK) col2im(s, &g, colbuf, dxb);
+            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, dx + b * image, P,
+                           gemm_ws, g.gemm_bytes);
+            continue;
         }
+        chunk_copy(&g, c_out, nb, outbuf, (float *)dyb, NULL, 1);
+        st = mdl_sgemm(1, 0, K, nb * P, c_out, 1.0f, w, K, outbuf, nb * P, 0.0f, colbuf, nb * P,
+                       gemm_ws, g.gemm_bytes);
+        if (st == MDL_OK) col2im(s, &g, colbuf, nb, dx + b * image);
     }
     mdl_free(owned);
     return st;
@@ -344,17 +393,19 @@ mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x
         backward_weights_scalar(s, g.ho, g.wo, x, dy, dw, accumulate != 0);
         return MDL_OK;
     }
-    const int64_t c_out = s->c_out, K = g.K, P = g.P;
-    float *colbuf = ws, *gemm_ws = ws + g.col_floats;
-    for (int64_t b = 0; b < s->n && st == MDL_OK; b++) {
-        const float *xb = x + b * s->c_in * s->h * s->w;
-        const float *col = xb;
-        if (!g.pointwise) {
-            im2col(s, &g, xb, colbuf);
-            col = colbuf;
+    const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
+    float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
+        const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
+        const float beta = (b > 0 || accumulate) ? 1.0f : 0.0f;
+        if (g.pointwise) {
+            st = mdl_sgemm(0, 1, c_out, K, P, 1.0f, dy + b * c_out * P, P, x + b * image, P,
+                           beta, dw, K, gemm_ws, g.gemm_bytes);
+            continue;
         }
-        float beta = (b > 0 || accumulate) ? 1.0f : 0.0f;
-        st = mdl_sgemm(0, 1, c_out, K, P, 1.0f, dy + b * c_out * P, P, col, P, beta, dw, K,
+        im2col(s, &g, x + b * image, nb, colbuf);
+        chunk_copy(&g, c_out, nb, outbuf, (float *)(dy + b * c_out * P), NULL, 1);
+        st = mdl_sgemm(0, 1, c_out, K, nb * P, 1.0f, outbuf, nb * P, colbuf, nb * P, beta, dw, K,
                        gemm_ws, g.gemm_bytes);
     }
     mdl_free(owned);

@@ -23,17 +23,18 @@ static inline void mdl_conv_valid_range(int64_t n_in, int64_t n_out, int64_t str
 float mdl_conv_sum_scalar(const float *p, int64_t count);
 
 #if MDL_X86
-/* One image: rows [r0, r1) of the column matrix col (c_in*kh*kw, ho*wo) of
- * x (c_in, h, w): row (ci, i, j), column (oh, ow) holds
+/* One image: rows [r0, r1) of the column matrix col (c_in*kh*kw, ho*wo), row
+ * stride ld, of x (c_in, h, w): row (ci, i, j), column (oh, ow) holds
  * x[ci, oh*stride_h - pad_h + i, ow*stride_w - pad_w + j], or 0 in the padding.
  * Used only by the im2col + SGEMM path, which runs when AVX2 is selected; the
  * scalar reference convolves directly. */
 void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
-                          float *col, int64_t r0, int64_t r1);
+                          float *col, int64_t ld, int64_t r0, int64_t r1);
 /* One image: the planes of input channels [c0, c1) of dx (c_in, h, w) =
- * col2im(col), overwritten; col is (c_in*kh*kw, ho*wo).  The adjoint of im2col. */
+ * col2im(col), overwritten; col is (c_in*kh*kw, ho*wo) with row stride ld.  The
+ * adjoint of im2col. */
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
-                          float *dx, int64_t c0, int64_t c1);
+                          int64_t ld, float *dx, int64_t c0, int64_t c1);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
 #else /* mdl_use_avx2() is never true off x86; this name only keeps the dispatch compiling */
 #  define mdl_conv_sum_avx2 mdl_conv_sum_scalar

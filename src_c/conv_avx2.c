@@ -61,12 +61,12 @@ static inline void gather2_row(float *d, const float *src, int64_t count)
 }
 
 void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
-                          float *col, int64_t r0, int64_t r1)
+                          float *col, int64_t ld, int64_t r0, int64_t r1)
 {
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
     for (int64_t r = r0; r < r1; r++) {
         int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
-        float *dst = col + r * ho * wo;
+        float *dst = col + r * ld;
         int64_t oh0, oh1, ow0, ow1;
         mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
         mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
@@ -138,10 +138,9 @@ static inline void scatter2_add_row(float *dst, const float *src, int64_t count)
 /* dx planes [c0, c1) = col2im(col): each col row (ci, i, j) is added back at
  * its kernel offset; vector loops for stride_w 1 and 2. */
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
-                          float *dx, int64_t c0, int64_t c1)
+                          int64_t ld, float *dx, int64_t c0, int64_t c1)
 {
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w, sh = s->stride_h;
-    const int64_t P = ho * wo;
     for (int64_t ci = c0; ci < c1; ci++) {
         float *plane = dx + ci * h * w;
         memset(plane, 0, (size_t)(h * w) * sizeof(float));
@@ -149,7 +148,7 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
             int64_t oh0, oh1;
             mdl_conv_valid_range(h, ho, sh, s->pad_h, i, &oh0, &oh1);
             for (int64_t j = 0; j < kw; j++) {
-                const float *row = col + ((ci * kh + i) * kw + j) * P;
+                const float *row = col + ((ci * kh + i) * kw + j) * ld;
                 int64_t ow0, ow1;
                 mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
                 if (ow0 == ow1) continue;

@@ -1,0 +1,86 @@
+"""`minidl bench`: training-step and inference throughput of a model on random data,
+with per-layer forward/backward times (like `caffe time`) and peak memory.
+
+The JSON fields train_images_per_s, infer_images_per_s, peak_rss_mb and layers are
+stable; later features add fields.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Dict, Optional
+
+import numpy as np
+
+import minidl
+from minidl import models
+from minidl.optim import SGD
+from minidl.plan import make_plan
+from minidl.runtime import Executor
+
+
+def _median_time(fn, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = None,
+        warmup: int = 3, seed: int = 0) -> Dict:
+    if threads is not None:
+        minidl.set_num_threads(threads)
+    if steps < 1 or warmup < 0 or batch_size < 1:
+        raise ValueError(f"need steps >= 1, warmup >= 0 and batch_size >= 1, got {steps}, "
+                         f"{warmup}, {batch_size}")
+    net = models.build(model, seed=seed)
+    opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    plan = make_plan(net, batch_size, optimizer_slots=len(opt.slots))
+    ex = Executor(net, plan, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch_size, *net.input_shape), dtype=np.float32)
+    y = rng.integers(0, net.output_shape[0], batch_size)
+
+    def train_step():
+        ex.train_step(x, y)
+        opt.step()
+
+    for _ in range(warmup):
+        train_step()
+    train_s = _median_time(train_step, steps)
+    for _ in range(warmup):
+        ex.predict(x)
+    infer_s = _median_time(lambda: ex.predict(x), steps)
+    ex.timings = {}  # per-layer times from separate steps, so timing does not slow the above
+    layer_steps = max(1, min(steps, 5))
+    for _ in range(layer_steps):
+        ex.train_step(x, y)
+    layers = [{"name": s.name, "kind": s.kind,
+               "forward_ms": 1e3 * ex.timings[s.name][0] / layer_steps,
+               "backward_ms": 1e3 * ex.timings.get(s.name, [0, 0])[1] / layer_steps}
+              for s in plan.steps]
+    flops = 3 * plan.flops()
+    return {
+        "model": model, "batch_size": batch_size, "threads": minidl.get_num_threads(),
+        "steps": steps, "simd": minidl.get_simd(), "version": minidl.__version__,
+        "train_images_per_s": batch_size / train_s, "infer_images_per_s": batch_size / infer_s,
+        "train_step_ms": 1e3 * train_s, "infer_step_ms": 1e3 * infer_s,
+        "train_gflops_per_s": flops / train_s / 1e9,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "predicted_peak_mb": plan.memory["peak"] / 2**20,
+        "layers": layers,
+    }
+
+
+def format_report(r: Dict) -> str:
+    lines = [f"{r['model']}, batch {r['batch_size']}, {r['threads']} threads ({r['simd']}):",
+             f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
+             f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "
+             f"images/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+             f"  {'layer':<24} {'kind':<16} {'forward ms':>10} {'backward ms':>11}"]
+    for layer in r["layers"]:
+        lines.append(f"  {layer['name']:<24} {layer['kind']:<16} {layer['forward_ms']:>10.2f} "
+                     f"{layer['backward_ms']:>11.2f}")
+    return "\n".join(lines)

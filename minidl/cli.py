@@ -1,0 +1,158 @@
+"""The `minidl` command (also `python -m minidl`):
+
+    minidl train --model cifar10_quick --dataset cifar10 --epochs 10 --out runs/quick
+    minidl eval --checkpoint runs/quick/checkpoint.safetensors
+    minidl bench --model resnet20 --batch-size 128 --steps 20 --threads 2 --json
+    minidl plan --model resnet20 --batch-size 128 [--json]
+    minidl models
+    minidl --cflags --libs          compiler/linker flags for the C library
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+import minidl
+
+
+def _train_parser(sub):
+    p = sub.add_parser("train", help="train a model", description="Train a model; options "
+                       "left out come from the model's recipe (see `minidl models`).")
+    p.add_argument("--model", default="cifar10_quick")
+    p.add_argument("--dataset", choices=["cifar10", "fashion-mnist", "mnist"])
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"])
+    p.add_argument("--lr", type=float)
+    p.add_argument("--momentum", type=float)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--lr-schedule", choices=["step", "cosine", "constant"])
+    p.add_argument("--warmup-epochs", type=float)
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop + flip (default: on for CIFAR-10)")
+    p.add_argument("--data", help="data root (default: $MINIDL_DATA, else ~/.cache/minidl)")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="never fetch a missing data set")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="output directory (default: runs/MODEL)")
+    p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint")
+    p.add_argument("--limit-train", type=int, help="use only the first N training images")
+    p.add_argument("--limit-test", type=int, help="use only the first N test images")
+    p.add_argument("--plot", action="store_true", help="write curves.png (needs matplotlib)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(run=_train)
+
+
+def _train(a):
+    from minidl.train import TrainConfig, train
+    cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
+    train(cfg)
+    return 0
+
+
+def _eval(a):
+    from minidl import checkpoint
+    from minidl.runtime import Executor
+    from minidl.train import TrainConfig, evaluate, make_loaders
+    if a.threads is not None:
+        minidl.set_num_threads(a.threads)
+    net, meta = checkpoint.load_net(a.checkpoint)
+    cfg = TrainConfig(**{**meta["config"], "data": a.data or meta["config"].get("data"),
+                         "dataset": a.dataset or meta["config"]["dataset"],
+                         "limit_test": a.limit_test, "limit_train": 1})
+    _, test_loader, _ = make_loaders(cfg.resolved())
+    r = evaluate(Executor(net, batch_size=test_loader.batch_size), test_loader)
+    print(f"{meta['model']} after {meta['epoch']} epochs on {cfg.dataset}: test accuracy "
+          f"{r['acc']:.4f} (loss {r['loss']:.4f}, {len(test_loader.labels)} images)")
+    return 0
+
+
+def _bench(a):
+    from minidl import bench
+    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup)
+    print(json.dumps(r) if a.json else bench.format_report(r))
+    return 0
+
+
+def _plan(a):
+    from minidl import models
+    from minidl.plan import make_plan
+    plan = make_plan(models.build(a.model, seed=None), a.batch_size)
+    print(plan.to_json(indent=1) if a.json else plan)
+    return 0
+
+
+def _models(a):
+    from minidl import models
+    print(f"{'model':<15} {'parameters':>11}  {'input':<12} description")
+    for name in models.names():
+        info = models.info(name)
+        n = models.build(name, seed=None).num_parameters()
+        print(f"{name:<15} {n:>11,}  {str(info['input']):<12} {info['doc']}")
+    return 0
+
+
+def _flags(a):
+    out = []
+    if a.version:
+        out.append(minidl.__version__)
+    if a.cflags:
+        out.append(f"-I{minidl.get_include()}")
+    if a.libs:
+        lib = minidl.get_library_dir()
+        out.append(f"-L{lib} -Wl,-rpath,{lib} -lminidl")
+    print(" ".join(out))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minidl", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cflags", action="store_true", help="print the include flags")
+    p.add_argument("--libs", action="store_true",
+                   help="print the flags that link libminidl.so (with an rpath)")
+    p.add_argument("--version", action="store_true", help="print the version")
+    sub = p.add_subparsers(dest="command")
+    _train_parser(sub)
+    e = sub.add_parser("eval", help="test accuracy of a checkpoint")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--dataset", choices=["cifar10", "fashion-mnist", "mnist"])
+    e.add_argument("--data")
+    e.add_argument("--threads", type=int)
+    e.add_argument("--limit-test", type=int)
+    e.set_defaults(run=_eval)
+    b = sub.add_parser("bench", help="time training steps and inference on random data")
+    b.add_argument("--model", default="cifar10_quick")
+    b.add_argument("--batch-size", type=int, default=100)
+    b.add_argument("--steps", type=int, default=20)
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--threads", type=int)
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(run=_bench)
+    pl = sub.add_parser("plan", help="print the plan of a model")
+    pl.add_argument("--model", default="cifar10_quick")
+    pl.add_argument("--batch-size", type=int, default=100)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(run=_plan)
+    m = sub.add_parser("models", help="list the models with their parameter counts")
+    m.set_defaults(run=_models)
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    if a.command is None:
+        if not (a.cflags or a.libs or a.version):
+            p.print_help()
+            return 2
+        return _flags(a)
+    try:
+        return a.run(a)
+    except (ValueError, KeyError, RuntimeError, OSError) as e:
+        print(f"minidl {a.command}: error: {e}", file=sys.stderr)
+        return 1

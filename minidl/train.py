@@ -1,0 +1,252 @@
+"""The training loop: data, Net, Plan, executor, optimizer, schedule, evaluation,
+checkpoints and metrics, for `minidl train` and for library users.
+
+    from minidl.train import TrainConfig, train
+    summary = train(TrainConfig(model="cifar10_quick", epochs=10, out="runs/quick"))
+
+Deterministic: with the same seed and thread count, a run stopped after any epoch
+and resumed from its checkpoint ends with the same parameters as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+import minidl
+from minidl import checkpoint, data, models
+from minidl.optim import OPTIMIZERS, make_schedule
+from minidl.plan import make_plan
+from minidl.runtime import Executor
+
+
+@dataclass
+class TrainConfig:
+    """None means the model's own recipe (models/<name>.py TRAIN)."""
+    model: str = "cifar10_quick"
+    dataset: Optional[str] = None
+    epochs: Optional[int] = None
+    batch_size: Optional[int] = None
+    optimizer: Optional[str] = None
+    lr: Optional[float] = None
+    momentum: Optional[float] = None
+    nesterov: bool = False
+    weight_decay: Optional[float] = None
+    lr_schedule: Optional[str] = None
+    warmup_epochs: Optional[float] = None
+    augment: Optional[bool] = None  # default: crop + flip for CIFAR-10 only
+    data: Optional[str] = None
+    download: bool = True  # fetch a missing data set (when the network allows)
+    threads: Optional[int] = None
+    seed: int = 0
+    out: Optional[str] = None
+    resume: Optional[str] = None
+    limit_train: Optional[int] = None
+    limit_test: Optional[int] = None
+    plot: bool = False
+    progress: bool = True
+
+    def resolved(self) -> "TrainConfig":
+        """A copy with every None filled in from the model's recipe."""
+        recipe = models.info(self.model)["train"]
+        values = asdict(self)
+        for f in fields(self):
+            if values[f.name] is None and f.name in recipe:
+                values[f.name] = recipe[f.name]
+        if values["augment"] is None:
+            values["augment"] = values["dataset"] == "cifar10"
+        if values["out"] is None:
+            values["out"] = os.path.join("runs", self.model)
+        return TrainConfig(**values)
+
+
+def _check(cfg: TrainConfig) -> None:
+    for name in ("epochs", "batch_size"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    for name in ("limit_train", "limit_test"):
+        v = getattr(cfg, name)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if cfg.lr is None or cfg.lr <= 0:
+        raise ValueError(f"lr must be positive, got {cfg.lr!r}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
+    if cfg.dataset not in data.DATASETS:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; choose {', '.join(data.DATASETS)}")
+
+
+def _optimizer(cfg: TrainConfig, net):
+    kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay or 0.0)
+    if cfg.optimizer == "sgd":
+        kw.update(momentum=cfg.momentum or 0.0, nesterov=cfg.nesterov)
+    return OPTIMIZERS[cfg.optimizer](net.parameters(), **kw)
+
+
+def evaluate(executor: Executor, loader) -> Dict[str, float]:
+    """Mean loss and accuracy of the net over a loader, in evaluation mode."""
+    total, loss_sum, correct = 0, 0.0, 0
+    for x, y in loader:
+        logits = executor.predict(x)
+        loss, _ = executor.loss(logits, y)
+        loss_sum += loss * len(y)
+        correct += int((logits.argmax(1) == y).sum())
+        total += len(y)
+    return {"loss": loss_sum / max(total, 1), "acc": correct / max(total, 1)}
+
+
+def _limit(arrays, n):
+    return arrays if n is None else (arrays[0][:n], arrays[1][:n])
+
+
+def make_loaders(cfg: TrainConfig):
+    info = data.DATASETS[cfg.dataset]
+    root = data.data_root(cfg.data)
+    train_set = _limit(data.load_dataset(cfg.dataset, root, True, cfg.download), cfg.limit_train)
+    test_set = _limit(data.load_dataset(cfg.dataset, root, False, cfg.download), cfg.limit_test)
+    norm = dict(mean=info.mean, std=info.std, seed=cfg.seed)
+    return (data.DataLoader(*train_set, cfg.batch_size, shuffle=True, augment=cfg.augment,
+                            **norm),
+            data.DataLoader(*test_set, max(cfg.batch_size, 256), shuffle=False, **norm),
+            len(info.classes))
+
+
+def train(config: TrainConfig, log=print) -> Dict:
+    """Trains as config says; returns the summary (also the last line of metrics.jsonl's
+    run).  Writes checkpoint.safetensors and metrics.jsonl (and curves.png with plot)."""
+    cfg = config.resolved()
+    _check(cfg)
+    if cfg.threads is not None:
+        minidl.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_loader, test_loader, num_classes = make_loaders(cfg)
+    input_shape = train_loader.images.shape[1:]
+    net = models.build(cfg.model, input_shape, num_classes, seed=cfg.seed)
+    opt = _optimizer(cfg, net)
+    executor = Executor(net, make_plan(net, cfg.batch_size, optimizer_slots=len(opt.slots)),
+                        seed=cfg.seed)
+    steps_per_epoch = len(train_loader)
+    schedule = make_schedule(cfg.lr_schedule, cfg.lr, cfg.epochs * steps_per_epoch,
+                             warmup_steps=round((cfg.warmup_epochs or 0) * steps_per_epoch))
+    start_epoch, history = 0, []
+    if cfg.resume:
+        net_state, opt_state, meta = checkpoint.load(cfg.resume)
+        if meta["model"] != cfg.model:
+            raise ValueError(f"{cfg.resume} holds a {meta['model']!r} net, not {cfg.model!r}")
+        net.load_state_dict(net_state)
+        opt.load_state_dict(opt_state)
+        start_epoch = int(meta["epoch"])
+        executor.step_count = int(meta["rng"]["step_count"])
+        history = list(meta.get("history", []))
+        log(f"resumed from {cfg.resume} after epoch {start_epoch}")
+    metrics_path = out / "metrics.jsonl"
+    if not cfg.resume:
+        metrics_path.write_text("")
+    log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
+        f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
+        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads")
+    run_start = time.perf_counter() - (history[-1]["wall_s"] if history else 0.0)
+    for epoch in range(start_epoch, cfg.epochs):
+        row = _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader,
+                     steps_per_epoch)
+        row["wall_s"] = round(time.perf_counter() - run_start, 3)
+        history.append(row)
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        checkpoint.save(out / "checkpoint.safetensors", net, opt, epoch=epoch + 1,
+                        global_step=(epoch + 1) * steps_per_epoch, config=asdict(cfg),
+                        rng={"seed": cfg.seed, "step_count": executor.step_count},
+                        history=history)
+        log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} "
+            f"acc {row['train_acc']:.4f}, test loss {row['test_loss']:.4f} "
+            f"acc {row['test_acc']:.4f}, {row['images_per_s']:.0f} images/s, "
+            f"{row['wall_s']:.0f} s")
+    summary = summarize(cfg, history)
+    log(f"done: final test accuracy {summary['final_test_acc']:.4f}, best "
+        f"{summary['best_test_acc']:.4f}, {summary['wall_s']:.0f} s, "
+        f"{summary['images_per_s']:.0f} images/s")
+    if cfg.plot:
+        plot(history, out / "curves.png")
+    return summary
+
+
+def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps_per_epoch):
+    train_loader.set_epoch(epoch)
+    bar = _progress(cfg, epoch, steps_per_epoch)
+    seen = correct = 0
+    loss_sum = 0.0
+    busy = 0.0
+    t0 = time.perf_counter()
+    for i, (x, y) in enumerate(train_loader):
+        ts = time.perf_counter()
+        opt.lr = schedule(epoch * steps_per_epoch + i)
+        loss, logits = executor.train_step(x, y)
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, batch {i}; "
+                                     f"try a smaller learning rate (now {opt.lr:g})")
+        opt.step()
+        busy += time.perf_counter() - ts
+        seen += len(y)
+        loss_sum += loss * len(y)
+        correct += int((logits.argmax(1) == y).sum())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}",
+                            img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
+    if bar is not None:
+        bar.close()
+    epoch_s = time.perf_counter() - t0
+    test = evaluate(executor, test_loader)
+    return {"epoch": epoch + 1, "lr": opt.lr, "train_loss": loss_sum / seen,
+            "train_acc": correct / seen, "test_loss": test["loss"], "test_acc": test["acc"],
+            "images_per_s": seen / epoch_s, "step_images_per_s": seen / busy,
+            "epoch_s": round(epoch_s, 3)}
+
+
+def _progress(cfg, epoch, total):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch",
+                file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def summarize(cfg: TrainConfig, history) -> Dict:
+    total_images = sum(r["images_per_s"] * r["epoch_s"] for r in history)
+    train_s = sum(r["epoch_s"] for r in history)
+    return {"model": cfg.model, "dataset": cfg.dataset, "epochs": len(history),
+            "final_test_acc": history[-1]["test_acc"],
+            "best_test_acc": max(r["test_acc"] for r in history),
+            "wall_s": history[-1]["wall_s"], "images_per_s": total_images / train_s}
+
+
+def plot(history, path) -> None:
+    """Loss and accuracy curves per epoch as a PNG (needs matplotlib: minidl[plot])."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'minidl[plot]'") from None
+    ep = [r["epoch"] for r in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(ep, [r["train_loss"] for r in history], "o-", label="train")
+    a.plot(ep, [r["test_loss"] for r in history], "o-", label="test")
+    a.set(xlabel="epoch", ylabel="loss", title="loss")
+    b.plot(ep, [r["train_acc"] for r in history], "o-", label="train")
+    b.plot(ep, [r["test_acc"] for r in history], "o-", label="test")
+    b.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for ax in (a, b):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

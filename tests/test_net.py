@@ -1,0 +1,167 @@
+"""Net: building, shape inference and its error messages, names, state; the model
+zoo; the Plan and its memory prediction against what the executor holds."""
+import json
+
+import numpy as np
+import pytest
+
+from minidl import Net, models, nn
+from minidl.nn import ShapeError
+from minidl.plan import make_plan
+from minidl.runtime import Executor
+
+
+def test_shapes_are_inferred_per_node():
+    net = models.build("cifar10_quick")
+    shapes = {k: n.shape for k, n in net.nodes.items()}
+    assert shapes["conv1"] == (32, 32, 32)
+    assert shapes["pool1"] == (32, 16, 16)   # ceil mode: ceil((32 - 3) / 2) + 1
+    assert shapes["pool2"] == (32, 8, 8)
+    assert shapes["pool3"] == (64, 4, 4)
+    assert shapes["flatten"] == (1024,)
+    assert net.output_shape == (10,)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("cifar10_quick", 145_578), ("lenet", 431_080), ("resnet20", 272_474),
+    ("resnet32", 466_906), ("resnet56", 855_770), ("resnet110", 1_730_714),
+    ("cifar10_full", 89_706), ("vgg11_bn", 9_228_362)])
+def test_model_parameter_counts(name, params):
+    # cifar10_quick and lenet: Caffe's nets (145,578 = 2432 + 25632 + 51264 + 65600 + 650);
+    # ResNets: He et al.'s 0.27M/0.46M/0.85M/1.7M plus the option-B projections
+    assert models.build(name, seed=None).num_parameters() == params
+
+
+def test_models_take_other_inputs_and_class_counts():
+    net = models.build("resnet20", (1, 28, 28), num_classes=7)
+    assert net.input_shape == (1, 28, 28) and net.output_shape == (7,)
+    with pytest.raises(ValueError, match="unknown model 'nope'.*cifar10_quick"):
+        models.build("nope")
+    from minidl.models import resnet
+    with pytest.raises(ValueError, match="6n \\+ 2"):
+        resnet.spec((3, 32, 32), 10, depth=21)
+
+
+def test_residual_names_follow_torchvision():
+    names = models.build("resnet20", seed=None).parameters()
+    for k in ("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "layer1.2.bn2.bias",
+              "layer2.0.downsample.0.weight", "layer3.0.downsample.1.weight", "fc.weight",
+              "fc.bias"):
+        assert k in names
+    assert "layer1.0.downsample.0.weight" not in names  # identity where shapes agree
+    buffers = models.build("resnet20", seed=None).buffers()
+    assert buffers["bn1.num_batches_tracked"].dtype == np.int64
+
+
+def test_shape_errors_name_the_node_and_the_inputs():
+    net = Net((3, 8, 8))
+    net.add("conv", nn.Conv2d(3, 4, 3))
+    with pytest.raises(ShapeError, match=r"node 'conv2' \(Conv2d\): expects 5 input channels.*"
+                                         r"inputs: conv \(4, 6, 6\)"):
+        net.add("conv2", nn.Conv2d(5, 4, 3))
+    with pytest.raises(ShapeError, match=r"node 'big' \(Conv2d\): output too small"):
+        net.add("big", nn.Conv2d(None, 4, 9))
+    with pytest.raises(ShapeError, match=r"node 'fc' \(Linear\).*put a Flatten before it"):
+        net.add("fc", nn.Linear(None, 3))
+    net.add("other", nn.Conv2d(None, 4, 1), "input")
+    with pytest.raises(ShapeError, match=r"node 'sum' \(Add\): inputs must have the same shape, "
+                                         r"got \(4, 6, 6\) and \(4, 8, 8\)"):
+        net.add("sum", nn.Add(), ["conv", "other"])
+    with pytest.raises(ShapeError, match=r"'pool'.*padding must be at most half"):
+        net.add("pool", nn.MaxPool2d(2, padding=2))
+    with pytest.raises(ValueError, match="unknown input 'nowhere'"):
+        net.add("x", nn.ReLU(), "nowhere")
+    with pytest.raises(ValueError, match="already in the net"):
+        net.add("conv", nn.ReLU())
+    with pytest.raises(ValueError, match="Add takes 2 input"):
+        net.add("y", nn.Add(), "conv")
+    with pytest.raises(TypeError, match="expected a minidl.nn layer"):
+        net.add("z", lambda x: x)
+    with pytest.raises(ValueError, match="unknown layer type 'Conv3d'"):
+        Net.from_spec({"input": (3, 4, 4), "layers": [("c", "Conv3d", {})]})
+    with pytest.raises(ValueError, match="input_shape"):
+        Net((3, 0, 4))
+
+
+def test_state_dict_round_trip_and_errors():
+    a = models.build("resnet20", seed=1)
+    b = models.build("resnet20", seed=2)
+    assert not np.array_equal(a.parameters()["conv1.weight"].data,
+                              b.parameters()["conv1.weight"].data)
+    b.load_state_dict(a.state_dict())
+    for k, v in a.state_dict().items():
+        np.testing.assert_array_equal(v, b.state_dict()[k])
+    state = a.state_dict()
+    del state["fc.bias"]
+    with pytest.raises(KeyError, match="missing \\['fc.bias'\\]"):
+        b.load_state_dict(state)
+    state = a.state_dict()
+    state["fc.bias"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="fc.bias: expected shape \\(10,\\)"):
+        b.load_state_dict(state)
+
+
+def test_initialize_is_deterministic_and_follows_the_spec():
+    a, b = models.build("cifar10_quick", seed=5), models.build("cifar10_quick", seed=5)
+    for k, p in a.parameters().items():
+        np.testing.assert_array_equal(p.data, b.parameters()[k].data)
+    w = models.build("cifar10_quick", seed=0).parameters()
+    assert abs(w["conv1.weight"].data.std() - 1e-4) < 1e-5     # Caffe's Gaussian(0.0001)
+    assert abs(w["ip1.weight"].data.std() - 0.1) < 5e-3
+    assert not w["conv1.bias"].data.any()
+
+
+@pytest.mark.parametrize("name", ["cifar10_quick", "lenet", "resnet20", "cifar10_full",
+                                  "vgg11_bn"])
+def test_plan_predicts_the_activation_memory_the_executor_holds(name, rng):
+    net = models.build(name, seed=0)
+    batch = 3
+    plan = make_plan(net, batch)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
+    ex.train_step(x, rng.integers(0, 10, batch))
+    predicted = plan.memory["activation_peak"]
+    # the executor also holds BatchNorm's per-channel mean and 1/std (2 C floats per layer)
+    bn = sum(8 * n.shape[0] for _, n in net.layers() if isinstance(n.layer, nn.BatchNorm2d))
+    assert predicted <= ex.peak_activation_bytes <= predicted + bn
+
+
+def test_plan_is_printable_data():
+    plan = make_plan(models.build("resnet20", seed=None), 128)
+    d = json.loads(plan.to_json())
+    assert d["batch_size"] == 128 and d["device"] == "cpu" and d["slices"] == 1
+    assert len(d["steps"]) == len(plan.steps)
+    first = plan.step("conv1")
+    assert first.shape == [128, 16, 32, 32] and first.need_dx == [False]
+    assert first.flops == 2 * 128 * 16 * 32 * 32 * 27
+    assert plan.step("layer1.0.add").inputs == ["layer1.0.bn2", "relu"]
+    m = plan.memory
+    assert m["peak"] == m["params"] + m["grads"] + m["optimizer"] + m["activation_peak"]
+    text = str(plan)
+    assert "layer3.2.conv2" in text and "predicted peak" in text
+    with pytest.raises(KeyError, match="no step named"):
+        plan.step("nope")
+    with pytest.raises(ValueError, match="batch_size"):
+        make_plan(models.build("lenet", seed=None), 0)
+
+
+def test_executor_checks_its_input(rng):
+    net = models.build("lenet", seed=0)
+    ex = Executor(net, batch_size=2)
+    with pytest.raises(ValueError, match=r"takes batches of shape \(N, 1, 28, 28\)"):
+        ex.predict(np.zeros((2, 3, 28, 28), np.float32))
+    with pytest.raises(ValueError, match="does not match the layers"):
+        Executor(net, make_plan(models.build("cifar10_quick", seed=None), 2))
+
+
+def test_predict_uses_running_statistics_and_no_dropout(rng):
+    net = Net((4,))
+    net.add("bn", nn.BatchNorm2d())
+    net.add("drop", nn.Dropout(0.5))
+    ex = Executor(net, batch_size=8)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    np.testing.assert_allclose(ex.predict(x), x / np.sqrt(1 + 1e-5), rtol=1e-6)
+    ex.train_step(x, rng.integers(0, 4, 8))
+    assert int(net.buffers()["bn.num_batches_tracked"]) == 1
+    assert not np.allclose(net.buffers()["bn.running_mean"], 0)

@@ -1,0 +1,199 @@
+"""The training loop, checkpoints and resume, and the command line, on small data sets
+written here in the official file layouts."""
+import gzip
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidl import checkpoint, cli, models, safetensors
+from minidl.train import TrainConfig, train
+
+
+def _patterns(rng, n, shape, classes=10):
+    """Learnable images: each class a fixed random pattern plus noise, as uint8."""
+    protos = rng.uniform(40, 215, (classes, *shape))
+    labels = rng.integers(0, classes, n)
+    images = protos[labels] + rng.normal(0, 25, (n, *shape))
+    return np.clip(images, 0, 255).astype(np.uint8), labels
+
+
+def write_cifar_bin(root, rng, n_train=160, n_test=60):
+    d = root / "cifar-10-batches-bin"
+    d.mkdir(parents=True)
+    images, labels = _patterns(rng, n_train + n_test, (3, 32, 32))
+    recs = np.concatenate([labels[:, None].astype(np.uint8), images.reshape(len(labels), -1)], 1)
+    train, test = recs[:n_train], recs[n_train:]
+    for i, part in enumerate(np.array_split(train, 5), start=1):
+        part.tofile(d / f"data_batch_{i}.bin")
+    test.tofile(d / "test_batch.bin")
+    return root
+
+
+def write_idx(root, rng, name="mnist", n_train=256, n_test=64):
+    d = root / name
+    d.mkdir(parents=True)
+    images, labels = _patterns(rng, n_train + n_test, (28, 28))
+    for prefix, sl in (("train", slice(0, n_train)), ("t10k", slice(n_train, None))):
+        im, lb = images[sl], labels[sl].astype(np.uint8)
+        with gzip.open(d / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 2051, len(im), 28, 28) + im.tobytes())
+        (d / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, len(lb))
+                                                        + lb.tobytes())
+    return root
+
+
+@pytest.fixture
+def mnist_root(tmp_path, rng):
+    return write_idx(tmp_path / "data", rng)
+
+
+@pytest.fixture
+def cifar_root(tmp_path, rng):
+    return write_cifar_bin(tmp_path / "data", rng)
+
+
+def lenet_config(root, out, **kw):
+    base = dict(model="lenet", dataset="mnist", data=str(root), out=str(out), epochs=2,
+                batch_size=32, lr=0.01, progress=False, download=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_training_learns_and_writes_metrics_and_checkpoint(mnist_root, tmp_path):
+    out = tmp_path / "run"
+    summary = train(lenet_config(mnist_root, out), log=lambda *a: None)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s",
+                "wall_s", "lr"):
+        assert all(key in r for r in rows)
+    assert rows[1]["train_loss"] < rows[0]["train_loss"]
+    assert rows[1]["test_acc"] > 0.9          # the patterns are easy to tell apart
+    assert rows[1]["wall_s"] >= rows[0]["wall_s"] > 0
+    assert summary["final_test_acc"] == rows[1]["test_acc"]
+    assert summary["best_test_acc"] == max(r["test_acc"] for r in rows)
+    net, meta = checkpoint.load_net(out / "checkpoint.safetensors")
+    assert meta["epoch"] == 2 and meta["model"] == "lenet" and meta["input_shape"] == [1, 28, 28]
+    assert set(net.state_dict()) == set(models.build("lenet", seed=None).state_dict())
+    tensors, _ = safetensors.load(out / "checkpoint.safetensors")
+    assert "optimizer.momentum_buffer.conv1.weight" in tensors and "conv1.weight" in tensors
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(cifar_root, tmp_path, monkeypatch):
+    """BatchNorm, momentum, a cosine schedule with warm-up, shuffling and crop + flip:
+    3 epochs in one go equal 1 epoch, a crash, and a resume, bit for bit."""
+    kw = dict(model="cifar10_full", dataset="cifar10", epochs=3, batch_size=32, lr=0.02,
+              lr_schedule="cosine", warmup_epochs=1, augment=True)
+    whole = tmp_path / "whole"
+    train(lenet_config(cifar_root, whole, **kw), log=lambda *a: None)
+
+    import minidl.train as T
+    real_epoch = T._epoch
+
+    def crash_in_second_epoch(cfg, epoch, *a):
+        if epoch == 1:
+            raise KeyboardInterrupt
+        return real_epoch(cfg, epoch, *a)
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(T, "_epoch", crash_in_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(lenet_config(cifar_root, part, **kw), log=lambda *a: None)
+    monkeypatch.setattr(T, "_epoch", real_epoch)
+    assert checkpoint.load(part / "checkpoint.safetensors")[2]["epoch"] == 1
+    train(lenet_config(cifar_root, part, resume=str(part / "checkpoint.safetensors"), **kw),
+          log=lambda *a: None)
+    a, _ = safetensors.load(whole / "checkpoint.safetensors")
+    b, _ = safetensors.load(part / "checkpoint.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    rows = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+
+
+def test_resume_refuses_another_model(mnist_root, tmp_path):
+    out = tmp_path / "run"
+    train(lenet_config(mnist_root, out, epochs=1), log=lambda *a: None)
+    with pytest.raises(ValueError, match="holds a 'lenet' net, not 'resnet20'"):
+        train(lenet_config(mnist_root, tmp_path / "b", model="resnet20",
+                           resume=str(out / "checkpoint.safetensors")), log=lambda *a: None)
+
+
+def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
+    for kw, match in ((dict(epochs=0), "epochs must be a positive integer"),
+                      (dict(lr=-1.0), "lr must be positive"),
+                      (dict(optimizer="lbfgs"), "unknown optimizer 'lbfgs'"),
+                      (dict(model="nope"), "unknown model 'nope'")):
+        with pytest.raises(ValueError, match=match):
+            train(lenet_config(mnist_root, tmp_path / "x", **kw), log=lambda *a: None)
+
+
+def test_a_diverging_run_stops_with_advice(mnist_root, tmp_path):
+    with pytest.raises(FloatingPointError, match="smaller learning rate"):
+        train(lenet_config(mnist_root, tmp_path / "x", lr=1e6), log=lambda *a: None)
+
+
+def run_cli(*args):
+    return cli.main([str(a) for a in args])
+
+
+def test_cli_train_eval_plan_bench_models(mnist_root, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", mnist_root,
+                   "--epochs", 1, "--batch-size", 64, "--lr", 0.01, "--momentum", 0.9,
+                   "--weight-decay", 5e-4, "--lr-schedule", "step", "--threads", 1, "--seed", 3,
+                   "--out", out, "--limit-train", 128, "--no-progress", "--no-download") == 0
+    text = capsys.readouterr().out
+    assert "epoch 1/1" in text and "final test accuracy" in text
+    row = json.loads((out / "metrics.jsonl").read_text())
+    assert row["epoch"] == 1
+    cfg = checkpoint.load(out / "checkpoint.safetensors")[2]["config"]
+    assert cfg["seed"] == 3 and cfg["limit_train"] == 128 and cfg["weight_decay"] == 5e-4
+
+    assert run_cli("eval", "--checkpoint", out / "checkpoint.safetensors", "--data",
+                   mnist_root) == 0
+    text = capsys.readouterr().out
+    assert f"test accuracy {row['test_acc']:.4f}" in text
+
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 4, "--steps", 2, "--warmup", 1,
+                   "--threads", 1, "--json") == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("train_images_per_s", "infer_images_per_s", "peak_rss_mb"):
+        assert r[key] > 0
+    assert [layer["name"] for layer in r["layers"]][:2] == ["conv1", "pool1"]
+    assert all(layer["forward_ms"] >= 0 and layer["backward_ms"] >= 0 for layer in r["layers"])
+
+    assert run_cli("plan", "--model", "resnet20", "--batch-size", 8, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == 8
+    assert run_cli("plan", "--model", "cifar10_quick") == 0
+    assert "predicted peak" in capsys.readouterr().out
+    assert run_cli("models") == 0
+    text = capsys.readouterr().out
+    assert "cifar10_quick" in text and "145,578" in text and "resnet110" in text
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", tmp_path,
+                   "--no-download", "--out", tmp_path / "o") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("minidl train: error:") and "mnist" in err
+    assert run_cli("eval", "--checkpoint", tmp_path / "missing.safetensors") == 1
+    assert "missing.safetensors" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(mnist_root, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plot"
+    train(lenet_config(mnist_root, out, epochs=1, plot=True), log=lambda *a: None)
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_python_dash_m_entry_point():
+    r = subprocess.run([sys.executable, "-m", "minidl", "models"], capture_output=True,
+                       text=True, check=True)
+    assert "resnet20" in r.stdout
