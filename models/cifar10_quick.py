@@ -6,8 +6,10 @@ two 3x3 stride-2 average pools in ceil mode, fully connected 64 then num_classes
 conv1, 1e-2 for conv2/3, 1e-1 for ip1/ip2; biases 0).  145,578 parameters.
 """
 INPUT = (3, 32, 32)
+# like Caffe's solver, no augmentation (crops and flips pay off only over more epochs)
 TRAIN = dict(dataset="cifar10", epochs=10, batch_size=100, optimizer="sgd", lr=0.02,
-             momentum=0.9, weight_decay=1e-3, lr_schedule="cosine", warmup_epochs=0)
+             momentum=0.9, weight_decay=1e-3, lr_schedule="cosine", warmup_epochs=0,
+             augment=False)
 
 
 def spec(input_shape, num_classes):

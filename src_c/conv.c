@@ -87,10 +87,14 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     const int64_t N = g->B * g->P;
     g->col_floats = g->pointwise ? 0 : ((size_t)(g->K * N) + 15) & ~(size_t)15;
     g->out_floats = g->pointwise ? 0 : ((size_t)(s->c_out * N) + 15) & ~(size_t)15;
-    size_t fwd = mdl_sgemm_workspace_size(s->c_out, N, g->K);   /* y = W @ col */
-    size_t bwd_data = mdl_sgemm_workspace_size(g->K, N, s->c_out); /* col = W^T @ dy */
-    size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, N);  /* dw = dy @ col^T */
-    g->gemm_bytes = max_size(fwd, max_size(bwd_data, bwd_w));
+    g->gemm_bytes = 0;
+    /* the SGEMMs of a whole chunk and of the last, shorter one (the size is not monotonic) */
+    for (int64_t nb = g->B, pass = 0; pass < 2; pass++, nb = s->n % g->B ? s->n % g->B : g->B) {
+        size_t fwd = mdl_sgemm_workspace_size(s->c_out, nb * g->P, g->K);   /* y = W @ col */
+        size_t bwd_data = mdl_sgemm_workspace_size(g->K, nb * g->P, s->c_out); /* col = W^T @ dy */
+        size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, nb * g->P);  /* dw = dy @ col^T */
+        g->gemm_bytes = max_size(g->gemm_bytes, max_size(fwd, max_size(bwd_data, bwd_w)));
+    }
     g->need = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes + MDL_WS_SLACK;
     return MDL_OK;
 }
