@@ -3,6 +3,8 @@
 #   make            the Python extension, in place (same as `make ext`)
 #   make lib        build/lib/libminidl.{so,a}, build/include/minidl.h, build/lib/pkgconfig/minidl.pc
 #   make install PREFIX=/usr/local   install the library, header and minidl.pc
+#   make train      installs what is missing, builds, trains cifar10_quick on CIFAR-10
+#                   (DATA=dir for the data root, ARGS="..." for more `minidl train` options)
 #   make test       everything, then the C API test (via pkg-config) and pytest
 #   make sanitize   the C test and a pytest subset under AddressSanitizer + UBSan
 #   make bench      the benchmarks under bench/
@@ -22,11 +24,19 @@ HDRS := $(wildcard src_c/*.h) include/minidl.h
 OBJS := $(patsubst src_c/%.c,$(BUILD)/obj/%.o,$(SRCS))
 SAN_OBJS := $(patsubst src_c/%.c,$(BUILD)/asan/%.o,$(SRCS))
 
-.PHONY: all ext lib install test test-c test-py sanitize bench clean
+.PHONY: all deps ext lib install train test test-c test-py sanitize bench clean
 all: ext
 
-ext:
+# the build and test requirements, installed only when one is missing
+deps:
+	@$(PYTHON) -c "import setuptools, Cython, numpy, pytest, tqdm" 2>/dev/null || \
+	    $(PYTHON) -m pip install -q -r requirements-dev.txt
+
+ext: deps
 	$(PYTHON) setup.py -q build_ext --inplace
+
+train: ext
+	$(PYTHON) -m minidl train --model cifar10_quick $(if $(DATA),--data $(DATA)) $(ARGS)
 
 # ---- the C library -------------------------------------------------------------------
 flags_for = $(if $(filter %_avx2.c,$(1)),$(AVX2_FLAGS))
@@ -95,7 +105,7 @@ sanitize: $(SAN_OBJS)
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
 	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
-	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not external" .
+	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not external and not slow" .
 
 bench: ext
 	$(PYTHON) bench/bench_gemm.py

@@ -1,4 +1,4 @@
-"""The README's Python example runs as written."""
+"""The README's Python examples run as written."""
 import os
 import re
 
@@ -7,11 +7,27 @@ import numpy as np
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "README.md")
 
 
-def test_readme_python_example():
+def _blocks():
     blocks = re.findall(r"```python\n(.*?)```", open(README).read(), re.S)
-    assert blocks, "README has no python example"
+    assert len(blocks) == 2, "README should have the library and the functional examples"
+    return blocks
+
+
+def _run(code):
     scope = {}
-    exec(compile(blocks[0], "README.md", "exec"), scope)
+    exec(compile(code, "README.md", "exec"), scope)
+    return scope
+
+
+def test_readme_library_example():
+    scope = _run(_blocks()[0])
+    assert scope["logits"].shape == (32, 10)
+    assert np.isfinite(scope["loss"])
+    assert scope["net"].nodes["res"].shape == (16, 32, 32)
+
+
+def test_readme_functional_example():
+    scope = _run(_blocks()[1])
     assert scope["y"].shape == (8, 16, 32, 32)
     assert scope["logits"].shape == (8, 10)
     assert np.isfinite(scope["loss"])
