@@ -57,14 +57,14 @@ def _train(a):
 def _eval(a):
     from minidl import checkpoint
     from minidl.runtime import Executor
-    from minidl.train import TrainConfig, evaluate, make_loaders
+    from minidl.train import TrainConfig, evaluate, make_loader
     if a.threads is not None:
         minidl.set_num_threads(a.threads)
     net, meta = checkpoint.load_net(a.checkpoint)
     cfg = TrainConfig(**{**meta["config"], "data": a.data or meta["config"].get("data"),
                          "dataset": a.dataset or meta["config"]["dataset"],
-                         "limit_test": a.limit_test, "limit_train": 1})
-    _, test_loader, _ = make_loaders(cfg.resolved())
+                         "limit_test": a.limit_test})
+    test_loader = make_loader(cfg.resolved(), train=False)
     r = evaluate(Executor(net, batch_size=test_loader.batch_size), test_loader)
     print(f"{meta['model']} after {meta['epoch']} epochs on {cfg.dataset}: test accuracy "
           f"{r['acc']:.4f} (loss {r['loss']:.4f}, {len(test_loader.labels)} images)")

@@ -102,20 +102,17 @@ def evaluate(executor: Executor, loader) -> Dict[str, float]:
     return {"loss": loss_sum / max(total, 1), "acc": correct / max(total, 1)}
 
 
-def _limit(arrays, n):
-    return arrays if n is None else (arrays[0][:n], arrays[1][:n])
-
-
-def make_loaders(cfg: TrainConfig):
+def make_loader(cfg: TrainConfig, train: bool):
+    """The training loader (shuffled, augmented as cfg says) or the test loader."""
     info = data.DATASETS[cfg.dataset]
-    root = data.data_root(cfg.data)
-    train_set = _limit(data.load_dataset(cfg.dataset, root, True, cfg.download), cfg.limit_train)
-    test_set = _limit(data.load_dataset(cfg.dataset, root, False, cfg.download), cfg.limit_test)
-    norm = dict(mean=info.mean, std=info.std, seed=cfg.seed)
-    return (data.DataLoader(*train_set, cfg.batch_size, shuffle=True, augment=cfg.augment,
-                            **norm),
-            data.DataLoader(*test_set, max(cfg.batch_size, 256), shuffle=False, **norm),
-            len(info.classes))
+    images, labels = data.load_dataset(cfg.dataset, data.data_root(cfg.data), train,
+                                       cfg.download)
+    limit = cfg.limit_train if train else cfg.limit_test
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    return data.DataLoader(images, labels, cfg.batch_size if train else max(cfg.batch_size, 256),
+                           shuffle=train, augment=train and cfg.augment, mean=info.mean,
+                           std=info.std, seed=cfg.seed)
 
 
 def train(config: TrainConfig, log=print) -> Dict:
@@ -127,9 +124,9 @@ def train(config: TrainConfig, log=print) -> Dict:
         minidl.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_loader, test_loader, num_classes = make_loaders(cfg)
-    input_shape = train_loader.images.shape[1:]
-    net = models.build(cfg.model, input_shape, num_classes, seed=cfg.seed)
+    train_loader, test_loader = make_loader(cfg, True), make_loader(cfg, False)
+    num_classes = len(data.DATASETS[cfg.dataset].classes)
+    net = models.build(cfg.model, train_loader.images.shape[1:], num_classes, seed=cfg.seed)
     opt = _optimizer(cfg, net)
     executor = Executor(net, make_plan(net, cfg.batch_size, optimizer_slots=len(opt.slots)),
                         seed=cfg.seed)
