@@ -1,6 +1,9 @@
 """minidl: a minimal deep-learning training runtime on hand-written C kernels.
 
-``minidl.ops`` is the functional API (NumPy float32 arrays in and out, NCHW).
+``minidl.ops`` is the functional API (NumPy float32 arrays in and out, NCHW);
+``minidl.nn`` the layers, ``minidl.Net`` a graph of them, ``minidl.plan`` and
+``minidl.runtime`` what one training step does and its executor, ``minidl.optim``,
+``minidl.data``, ``minidl.models`` and ``minidl.train`` the rest of training.
 ``get_include()`` and ``get_library_dir()`` locate the C header and the
 libminidl shared/static libraries installed with this package, so that C
 programs can link the same core (``python -m minidl --cflags --libs``).
@@ -12,8 +15,8 @@ from minidl._C import (cpu_simd, get_num_threads, get_simd, set_num_threads,  # 
                        set_simd)
 
 __version__ = _C.version()
-__all__ = ["ops", "nn", "Net", "optim", "models", "get_include", "get_library_dir", "set_num_threads", "get_num_threads",
-           "set_simd", "get_simd", "cpu_simd", "__version__"]
+__all__ = ["ops", "nn", "Net", "optim", "models", "get_include", "get_library_dir",
+           "set_num_threads", "get_num_threads", "set_simd", "get_simd", "cpu_simd", "__version__"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -146,6 +146,17 @@ def test_input_conversion(rng):
     np.testing.assert_array_equal(ops.conv2d(xt, wt.astype(np.float64), b, **kw), want)
 
 
+def test_backward_without_input_gradient(rng):
+    """need_dx=False (a first layer) skips dx and leaves dw and db as they were."""
+    x, wt, _, kw = make(rng, (3, 4, 9, 9, 5, 3, 3, 2, 1))
+    dy = f32(rng, *ops.conv2d(x, wt, **kw).shape)
+    dx, dw, db = ops.conv2d_backward(x, wt, dy, need_dx=False, **kw)
+    _, rdw, rdb = ops.conv2d_backward(x, wt, dy, **kw)
+    assert dx is None
+    np.testing.assert_array_equal(dw, rdw)
+    np.testing.assert_array_equal(db, rdb)
+
+
 def test_empty_batch(rng):
     x = np.zeros((0, 3, 5, 5), np.float32)
     wt = f32(rng, 4, 3, 3, 3)
