@@ -163,6 +163,12 @@ def summarise(runs: list) -> dict:
     return out
 
 
+def portable(text: str, torch_python: str) -> str:
+    """A command as recorded in the results: no paths of the machine it ran on."""
+    return (text.replace(torch_python, "TORCH_PYTHON").replace(sys.executable, "python")
+            .replace(ROOT + os.sep, ""))
+
+
 def print_table(name: str, batch: int, threads: int, repeats: int, s: dict) -> None:
     print(f"\n{name}, batch {batch}, {threads} threads, {repeats} rounds "
           "(images/s: best / median of rounds)")
@@ -224,9 +230,11 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "pause_s": args.pause,
         "python": platform.python_version(),
-        "torch_python": args.torch_python,
+        "torch_python": "TORCH_PYTHON",
         "torch_version": None,
-        "minidl_command": shlex.join(minidl_command("MODEL", "BATCH", args.steps, args.threads, prefix)),
+        "minidl_command": portable(shlex.join(minidl_command("MODEL", "BATCH", args.steps,
+                                                             args.threads, prefix)),
+                                   args.torch_python),
         "loadavg_start": load_average(),
     }
     print(f"{info['cpu']}, {args.threads} threads, commit {info['git_commit']}, "
@@ -254,7 +262,8 @@ def main(argv=None) -> int:
                           f"({time.monotonic() - t0:.0f} s)", flush=True)
                     if variant != "minidl" and info["torch_version"] is None:
                         info["torch_version"] = result.get("torch_version")
-                    runs.append({"round": rnd + 1, "variant": variant, "command": shlex.join(cmd),
+                    runs.append({"round": rnd + 1, "variant": variant,
+                                 "command": portable(shlex.join(cmd), args.torch_python),
                                  "result": result})
             models[name] = {"batch_size": batch, "runs": runs, "summary": summarise(runs)}
     except RunFailed as e:
