@@ -49,6 +49,14 @@ static inline __m256i lane_offsets(int64_t sw)
 
 /* ---- max pooling ---------------------------------------------------------- */
 
+/* The first of the next 8 interior columns from ow on: ow itself while 8 fit,
+ * else the last 8 of the interior, overlapping columns already done (the
+ * interior must hold at least 8), so that the interior needs no scalar tail. */
+static inline int64_t tail_start(int64_t ow, int64_t ow_hi)
+{
+    return ow + 8 <= ow_hi ? ow : ow_hi - 8;
+}
+
 /* The running maximum takes v where v > m or v is NaN. */
 ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
 {
@@ -64,15 +72,17 @@ ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, c
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
         mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
         int64_t ow = g->ow_lo;
-        for (; ow + 8 <= g->ow_hi; ow += 8) {
-            const float *base = x + ow * g->sw - g->pw;
+        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
+            const int64_t o = tail_start(ow, g->ow_hi);
+            const float *base = x + o * g->sw - g->pw;
             __m256 m = ninf;
             for (int64_t ih = hs; ih < he; ih++)
                 for (int64_t kx = 0; kx < g->kw; kx++) {
                     __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
                     m = _mm256_blendv_ps(m, v, max_take(v, m));
                 }
-            _mm256_storeu_ps(y + oh * g->wo + ow, m);
+            _mm256_storeu_ps(y + oh * g->wo + o, m); /* overlapped lanes: the same values */
+            ow = o + 8;
         }
         mdl_max_pool_cols_scalar(g, x, y, oh, ow, g->wo);
     }
@@ -102,8 +112,9 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
         const float *dyrow = dy + oh * g->wo;
         mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->ow_lo);
         int64_t ow = g->ow_lo;
-        for (; ow + 8 <= g->ow_hi; ow += 8) {
-            const int64_t ws = ow * g->sw - g->pw;
+        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
+            const int64_t o = tail_start(ow, g->ow_hi);
+            const int64_t ws = o * g->sw - g->pw;
             const float *base = x + ws;
             const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)ws), offs);
             __m256 m = ninf;
@@ -118,7 +129,8 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
                 }
             int32_t at[8];
             _mm256_storeu_si256((__m256i *)at, idx);
-            for (int j = 0; j < 8; j++) dx[at[j]] += dyrow[ow + j];
+            for (int j = (int)(ow - o); j < 8; j++) dx[at[j]] += dyrow[o + j]; /* new lanes only */
+            ow = o + 8;
         }
         mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, ow, g->wo);
     }
