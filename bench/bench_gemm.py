@@ -19,9 +19,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
+
+from machine import cpu_model, git_commit  # bench/, the script's own directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,25 +41,6 @@ def parse_args():
     p.add_argument("--ghz", type=float, default=2.6, help="clock for the peak figure")
     p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
     return p.parse_args()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def load_average() -> str:
@@ -147,7 +129,7 @@ def main():
                     numpy=np.__version__, numpy_blas=numpy_blas(np), minidl=minidl.__version__,
                     simd=minidl.get_simd(), python=platform.python_version(),
                     date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    git_commit=git_commit(), loadavg=load_average())
+                    git_commit=git_commit(short=False), loadavg=load_average())
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(dict(benchmark="gemm", machine=info, results=rows), f, indent=2)

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from machine import cpu_model, git_commit  # bench/, the script's own directory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TORCH_NETS = os.path.join(HERE, "torch_nets.py")
@@ -185,25 +187,6 @@ def print_table(name: str, batch: int, threads: int, repeats: int, s: dict) -> N
           f"({LABELS[r['infer_torch_best_layout']]})")
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def load_average() -> list:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -222,7 +205,7 @@ def main(argv=None) -> int:
     info = {
         "benchmark": "train",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(short=True),
         "cpu": cpu_model(),
         "threads": args.threads,
         "steps": args.steps,
