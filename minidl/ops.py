@@ -495,12 +495,9 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
 # ---- linear -----------------------------------------------------------------------
 
 
-def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.ndarray:
-    """y = x @ w.T + b [torch.nn.functional.linear].
-
-    x: (*, in) with at least one dimension; w: (out, in); b: (out,) or None.
-    Returns y (*, out).
-    """
+def _linear_args(x, w):
+    """x (*, in) and w (out, in) checked and as float32, with out, in, the leading
+    dimensions of x and their product."""
     if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
         raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
     x = _input("x", x)
@@ -509,12 +506,21 @@ def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.n
     if x.shape[-1] != in_f:
         raise ValueError(f"x must have last dimension in = {in_f} (w is {w.shape}), "
                          f"got shape {x.shape}")
+    lead = x.shape[:-1]
+    return x, w, out_f, in_f, lead, int(np.prod(lead, dtype=np.int64))
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.ndarray:
+    """y = x @ w.T + b [torch.nn.functional.linear].
+
+    x: (*, in) with at least one dimension; w: (out, in); b: (out,) or None.
+    Returns y (*, out).
+    """
+    x, w, out_f, in_f, lead, n = _linear_args(x, w)
     if b is not None:
         b = _input("b", b, 1, "(out,)")
         if b.shape != (out_f,):
             raise ValueError(f"b must have shape ({out_f},), got {b.shape}")
-    lead = x.shape[:-1]
-    n = int(np.prod(lead, dtype=np.int64))
     y = np.empty(lead + (out_f,), np.float32)
     _C.linear_forward(n, in_f, out_f, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1))
     return y
@@ -528,20 +534,11 @@ def linear_backward(x: np.ndarray, w: np.ndarray,
     dx = dy @ w has the shape of x, dw = dy^T @ x is (out, in), db = dy summed
     over the leading dimensions is (out,) (returned whether or not the layer has a bias).
     """
-    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
-        raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
-    x = _input("x", x)
-    w = _input("w", w, 2, "(out, in)")
-    out_f, in_f = w.shape
-    if x.shape[-1] != in_f:
-        raise ValueError(f"x must have last dimension in = {in_f} (w is {w.shape}), "
-                         f"got shape {x.shape}")
+    x, w, out_f, in_f, lead, n = _linear_args(x, w)
     dy = _input("dy", dy)
-    lead = x.shape[:-1]
     if dy.shape != lead + (out_f,):
         raise ValueError(f"dy must have shape {lead + (out_f,)} (x's leading dimensions, out), "
                          f"got {dy.shape}")
-    n = int(np.prod(lead, dtype=np.int64))
     dx = np.empty(x.shape, np.float32)
     dw = np.empty((out_f, in_f), np.float32)
     db = np.empty((out_f,), np.float32)

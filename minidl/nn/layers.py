@@ -7,7 +7,9 @@ returns the per-sample output shape, raising ShapeError when the inputs do not f
 returns one input gradient per input (None where need_dx is False) and sets each
 parameter's `grad` (overwritten, never accumulated: a parameter belongs to one layer).
 What a layer keeps for backward is declared in `saves` ("in": its input, "out": its
-output, as arrays shared with the graph), so planners can count it without running.
+output, as arrays shared with the graph), and whether its output and its input
+gradients are views rather than new arrays in `output_is_view` and
+`gradient_is_view`, so planners can count memory without running.
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ class Layer:
 
     num_inputs = 1
     saves: Tuple[str, ...] = ()
+    output_is_view = False    # forward returns a view of its input
+    gradient_is_view = False  # backward returns dy itself (or a view) for every input
 
     def __init__(self) -> None:
         self.params: Dict[str, Parameter] = {}
@@ -353,6 +357,8 @@ class Dropout(Layer):
 class Flatten(Layer):
     """(C, H, W) -> (C * H * W,) without a copy."""
 
+    output_is_view = gradient_is_view = True
+
     def build(self, in_shapes):
         return (int(np.prod(in_shapes[0])),)
 
@@ -370,6 +376,7 @@ class Add(Layer):
     """Sum of two inputs of the same shape (residual connections)."""
 
     num_inputs = 2
+    gradient_is_view = True
 
     def build(self, in_shapes):
         a, b = (tuple(s) for s in in_shapes)

@@ -17,7 +17,6 @@ from typing import Dict, List
 import numpy as np
 
 from minidl.graph import INPUT, Net
-from minidl.nn.layers import Flatten
 
 F32 = 4
 
@@ -82,10 +81,10 @@ class Plan:
 
 
 def storage_of(net: Net) -> Dict[str, str]:
-    """The node whose memory each node's output is (a Flatten output is a view)."""
+    """The node whose memory each node's output is (a view shares its input's)."""
     root: Dict[str, str] = {}
     for k, n in net.nodes.items():
-        root[k] = root[n.inputs[0]] if isinstance(n.layer, Flatten) else k
+        root[k] = root[n.inputs[0]] if n.layer is not None and n.layer.output_is_view else k
     return root
 
 
@@ -121,7 +120,7 @@ def simulate_activations(net: Net, plan: Plan):
     """(bytes kept for backward at the end of forward, peak activation bytes over the
     step), replaying the executor's references: a forward output lives while a later
     step still reads it or a step keeps it for backward; a gradient lives until its
-    node's backward step has run; Flatten and Add pass gradients on without copying."""
+    node's backward step has run; layers with gradient_is_view pass it on uncopied."""
     root = storage_of(net)
     size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
     last_read = {x: i for i, s in enumerate(plan.steps) for x in s.inputs}
@@ -170,7 +169,7 @@ def simulate_activations(net: Net, plan: Plan):
         for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
             if not need:
                 continue
-            if s.kind in GRAD_PASSTHROUGH:
+            if net.nodes[s.name].layer.gradient_is_view:
                 dx = dy
                 inc(dy)
             else:
@@ -189,5 +188,3 @@ def simulate_activations(net: Net, plan: Plan):
             dec(("act", t))
     return kept, peak
 
-
-GRAD_PASSTHROUGH = {"Flatten", "Add"}  # layers whose input gradients are dy itself (a view)
