@@ -2,7 +2,11 @@
 with per-layer forward/backward times (like `caffe time`) and peak memory.
 
 The JSON fields train_images_per_s, infer_images_per_s, peak_rss_mb and layers are
-stable; later features add fields.
+stable; later features add fields.  Run as several MPI ranks (``minidl bench --nproc
+N`` or ``mpiexec -n N minidl bench``), batch_size is the global batch, the rates are
+those of all ranks together, and the report adds ``ranks``, ``comm_wait_ms_per_step``
+(time a step waits for the gradient exchange after backward) and
+``bytes_exchanged_per_step`` (gradient bytes each rank sends into the allreduce).
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Dict, Optional
 import numpy as np
 
 import minidl
-from minidl import models
+from minidl import distributed, models
 from minidl.optim import SGD
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -29,29 +33,42 @@ def _median_time(fn, steps: int) -> float:
 
 
 def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = None,
-        warmup: int = 3, seed: int = 0) -> Dict:
+        warmup: int = 3, seed: int = 0, comm: Optional[distributed.Comm] = None) -> Dict:
+    comm = comm or distributed.Comm()
     if threads is not None:
         minidl.set_num_threads(threads)
     if steps < 1 or warmup < 0 or batch_size < 1:
         raise ValueError(f"need steps >= 1, warmup >= 0 and batch_size >= 1, got {steps}, "
                          f"{warmup}, {batch_size}")
+    if batch_size % comm.size:
+        raise ValueError(f"the global batch size {batch_size} must be divisible by the "
+                         f"{comm.size} ranks")
+    local = batch_size // comm.size
     net = models.build(model, seed=seed)
     opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    plan = make_plan(net, batch_size, optimizer_slots=len(opt.slots))
+    plan = make_plan(net, local, optimizer_slots=len(opt.slots))
     ex = Executor(net, plan, seed=seed)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch_size, *net.input_shape), dtype=np.float32)
-    y = rng.integers(0, net.output_shape[0], batch_size)
+    reducer = distributed.GradientReducer(net, comm)
+    if comm.size > 1:
+        ex.backward_hook = reducer.ready
+    rng = np.random.default_rng([seed, comm.rank])
+    x = rng.standard_normal((local, *net.input_shape), dtype=np.float32)
+    y = rng.integers(0, net.output_shape[0], local)
 
     def train_step():
         ex.train_step(x, y)
+        reducer.finish()
         opt.step()
 
     for _ in range(warmup):
         train_step()
+    comm.barrier()
+    comm.wait_s, comm.bytes_reduced = 0.0, 0
     train_s = _median_time(train_step, steps)
+    wait_s, sent = comm.wait_s, comm.bytes_reduced
     for _ in range(warmup):
         ex.predict(x)
+    comm.barrier()
     infer_s = _median_time(lambda: ex.predict(x), steps)
     ex.timings = {}  # per-layer times from separate steps, so timing does not slow the above
     layer_steps = max(1, min(steps, 5))
@@ -61,24 +78,38 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
                "forward_ms": 1e3 * ex.timings[s.name][0] / layer_steps,
                "backward_ms": 1e3 * ex.timings.get(s.name, [0, 0])[1] / layer_steps}
               for s in plan.steps]
-    flops = 3 * plan.flops()
-    return {
+    flops = 3 * plan.flops() * comm.size
+    # the slowest rank sets the pace of synchronous training; inference runs independently
+    train_s = max(comm.allgather(train_s))
+    infer_rate = sum(comm.allgather(local / infer_s))
+    peak_rss = max(comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    r = {
         "model": model, "batch_size": batch_size, "threads": minidl.get_num_threads(),
         "steps": steps, "simd": minidl.get_simd(), "version": minidl.__version__,
-        "train_images_per_s": batch_size / train_s, "infer_images_per_s": batch_size / infer_s,
+        "train_images_per_s": batch_size / train_s, "infer_images_per_s": infer_rate,
         "train_step_ms": 1e3 * train_s, "infer_step_ms": 1e3 * infer_s,
         "train_gflops_per_s": flops / train_s / 1e9,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss,
         "predicted_peak_mb": plan.memory["peak"] / 2**20,
         "layers": layers,
     }
+    if comm.size > 1:
+        r.update(ranks=comm.size, local_batch_size=local,
+                 comm_wait_ms_per_step=1e3 * wait_s / steps,
+                 bytes_exchanged_per_step=sent // steps)
+    return r
 
 
 def format_report(r: Dict) -> str:
-    lines = [f"{r['model']}, batch {r['batch_size']}, {r['threads']} threads ({r['simd']}):",
+    ranks = f", {r['ranks']} ranks" if "ranks" in r else ""
+    lines = [f"{r['model']}, batch {r['batch_size']}{ranks}, {r['threads']} threads "
+             f"({r['simd']}):",
              f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
              f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "
              f"images/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+             *([f"  gradient exchange: {r['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank "
+                f"per step, {r['comm_wait_ms_per_step']:.2f} ms waited per step"]
+               if "ranks" in r else []),
              f"  {'layer':<24} {'kind':<16} {'forward ms':>10} {'backward ms':>11}"]
     for layer in r["layers"]:
         lines.append(f"  {layer['name']:<24} {layer['kind']:<16} {layer['forward_ms']:>10.2f} "

@@ -3,6 +3,7 @@
     minidl train --model cifar10_quick --dataset cifar10 --epochs 10 --out runs/quick
     minidl eval --checkpoint runs/quick/checkpoint.safetensors
     minidl bench --model resnet20 --batch-size 128 --steps 20 --threads 2 --json
+    minidl train --nproc 2 ...      data-parallel over 2 MPI ranks (or: mpiexec -n 2 minidl train ...)
     minidl plan --model resnet20 --batch-size 128 [--json]
     minidl models
     minidl --cflags --libs          compiler/linker flags for the C library
@@ -44,7 +45,15 @@ def _train_parser(sub):
     p.add_argument("--limit-test", type=int, help="use only the first N test images")
     p.add_argument("--plot", action="store_true", help="write curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    _nproc_argument(p)
+    p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all "
+                   "ranks' batches (default: per rank)")
     p.set_defaults(run=_train)
+
+
+def _nproc_argument(p):
+    p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine, started "
+                   "with mpiexec (--batch-size is the global batch; needs minidl[mpi])")
 
 
 def _train(a):
@@ -72,9 +81,13 @@ def _eval(a):
 
 
 def _bench(a):
-    from minidl import bench
-    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup)
-    print(json.dumps(r) if a.json else bench.format_report(r))
+    from minidl import bench, distributed
+    comm = distributed.init()
+    if a.nproc is not None and a.nproc != comm.size:
+        raise ValueError(f"--nproc is {a.nproc} but this job runs {comm.size} rank(s)")
+    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup, comm=comm)
+    if comm.rank == 0:
+        print(json.dumps(r) if a.json else bench.format_report(r))
     return 0
 
 
@@ -132,6 +145,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--threads", type=int)
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    _nproc_argument(b)
     b.set_defaults(run=_bench)
     pl = sub.add_parser("plan", help="print the plan of a model")
     pl.add_argument("--model", default="cifar10_quick")
@@ -151,8 +165,29 @@ def main(argv=None) -> int:
             p.print_help()
             return 2
         return _flags(a)
+    from minidl import distributed
+    if getattr(a, "nproc", None) not in (None, 1) and not distributed.launched_by_mpi():
+        return _launch(a.nproc, sys.argv[1:] if argv is None else argv)
     try:
-        return a.run(a)
+        comm = distributed.init()
+        return distributed.run_or_abort(comm, a.run, a)
     except (ValueError, KeyError, RuntimeError, OSError) as e:
         print(f"minidl {a.command}: error: {e}", file=sys.stderr)
         return 1
+
+
+def _launch(nproc: int, argv) -> int:
+    """Runs this same command as nproc MPI ranks on this machine."""
+    if nproc < 1:
+        print(f"minidl: error: --nproc must be a positive integer, got {nproc}", file=sys.stderr)
+        return 2
+    import os
+    import shutil
+    import subprocess
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    if mpiexec is None:
+        print("minidl: error: --nproc needs MPI (mpiexec and mpi4py): "
+              "pip install 'minidl[mpi]'", file=sys.stderr)
+        return 1
+    return subprocess.call([mpiexec, "-n", str(nproc), sys.executable, "-m", "minidl", *argv])

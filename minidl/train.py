@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -20,7 +21,8 @@ from typing import Dict, Optional
 import numpy as np
 
 import minidl
-from minidl import checkpoint, data, models
+from minidl import checkpoint, data, distributed, models
+from minidl.nn.layers import BatchNorm2d
 from minidl.optim import OPTIMIZERS, make_schedule
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -51,6 +53,8 @@ class TrainConfig:
     limit_test: Optional[int] = None
     plot: bool = False
     progress: bool = True
+    nproc: Optional[int] = None  # ranks of a data-parallel job (checked against MPI's)
+    sync_bn: bool = False  # BatchNorm statistics over all ranks' batches
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None filled in from the model's recipe."""
@@ -90,8 +94,10 @@ def _optimizer(cfg: TrainConfig, net):
     return OPTIMIZERS[cfg.optimizer](net.parameters(), **kw)
 
 
-def evaluate(executor: Executor, loader) -> Dict[str, float]:
-    """Mean loss and accuracy of the net over a loader, in evaluation mode."""
+def evaluate(executor: Executor, loader, comm: Optional[distributed.Comm] = None
+             ) -> Dict[str, float]:
+    """Mean loss and accuracy of the net over a loader, in evaluation mode (over all
+    ranks' shards of it when comm is given)."""
     total, loss_sum, correct = 0, 0.0, 0
     for x, y in loader:
         logits = executor.predict(x)
@@ -99,11 +105,14 @@ def evaluate(executor: Executor, loader) -> Dict[str, float]:
         loss_sum += loss * len(y)
         correct += int((logits.argmax(1) == y).sum())
         total += len(y)
+    if comm is not None:
+        total, loss_sum, correct = comm.allreduce(np.array([total, loss_sum, correct]))
     return {"loss": loss_sum / max(total, 1), "acc": correct / max(total, 1)}
 
 
-def make_loader(cfg: TrainConfig, train: bool):
-    """The training loader (shuffled, augmented as cfg says) or the test loader."""
+def make_loader(cfg: TrainConfig, train: bool, shard=(0, 1)):
+    """The training loader (shuffled, augmented as cfg says) or the test loader; with
+    shard=(rank, ranks), that rank's part of every batch."""
     info = data.DATASETS[cfg.dataset]
     images, labels = data.load_dataset(cfg.dataset, data.data_root(cfg.data), train,
                                        cfg.download)
@@ -112,24 +121,49 @@ def make_loader(cfg: TrainConfig, train: bool):
         images, labels = images[:limit], labels[:limit]
     return data.DataLoader(images, labels, cfg.batch_size if train else max(cfg.batch_size, 256),
                            shuffle=train, augment=train and cfg.augment, mean=info.mean,
-                           std=info.std, seed=cfg.seed)
+                           std=info.std, seed=cfg.seed, shard=shard)
 
 
 def train(config: TrainConfig, log=print) -> Dict:
     """Trains as config says; returns the summary (also the last line of metrics.jsonl's
-    run).  Writes checkpoint.safetensors and metrics.jsonl (and curves.png with plot)."""
+    run).  Writes checkpoint.safetensors and metrics.jsonl (and curves.png with plot).
+
+    Started as several MPI ranks, each trains on its part of every global batch of
+    config.batch_size and gradients are averaged (minidl.distributed); rank 0 alone
+    logs and writes files."""
     cfg = config.resolved()
     _check(cfg)
+    comm = distributed.init()
+    _check_ranks(cfg, comm)
+    if comm.rank != 0:
+        log = _quiet
+        cfg = TrainConfig(**{**asdict(cfg), "progress": False})
     if cfg.threads is not None:
         minidl.set_num_threads(cfg.threads)
+    elif comm.size > 1:  # share the host's cores among its ranks
+        minidl.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size))
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train_loader, test_loader = make_loader(cfg, True), make_loader(cfg, False)
+    if comm.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    shard = (comm.rank, comm.size)
+    train_loader, test_loader = make_loader(cfg, True, shard), make_loader(cfg, False, shard)
     num_classes = len(data.DATASETS[cfg.dataset].classes)
     net = models.build(cfg.model, train_loader.images.shape[1:], num_classes, seed=cfg.seed)
+    comm.check_same("the data", (len(train_loader.labels), len(test_loader.labels),
+                                 train_loader.images.shape[1:]))
+    comm.check_same("the model", (net.name, net.num_parameters()))
+    comm.broadcast([p.data for p in net.parameters().values()] + list(net.buffers().values()))
+    if cfg.sync_bn and comm.size > 1:
+        for _, node in net.layers():
+            if isinstance(node.layer, BatchNorm2d):
+                node.layer.sync = comm
     opt = _optimizer(cfg, net)
-    executor = Executor(net, make_plan(net, cfg.batch_size, optimizer_slots=len(opt.slots)),
-                        seed=cfg.seed)
+    local_batch = cfg.batch_size // comm.size
+    executor = Executor(net, make_plan(net, local_batch, optimizer_slots=len(opt.slots)),
+                        seed=cfg.seed + (comm.rank << 32))  # own dropout masks per rank
+    reducer = distributed.GradientReducer(net, comm)
+    if comm.size > 1:
+        executor.backward_hook = reducer.ready
     steps_per_epoch = len(train_loader)
     schedule = make_schedule(cfg.lr_schedule, cfg.lr, cfg.epochs * steps_per_epoch,
                              warmup_steps=round((cfg.warmup_epochs or 0) * steps_per_epoch))
@@ -145,23 +179,30 @@ def train(config: TrainConfig, log=print) -> Dict:
         history = list(meta.get("history", []))
         log(f"resumed from {cfg.resume} after epoch {start_epoch}")
     metrics_path = out / "metrics.jsonl"
-    if not cfg.resume:
+    if not cfg.resume and comm.rank == 0:
         metrics_path.write_text("")
+    ranks = (f", {comm.size} ranks x batch {local_batch} (BatchNorm statistics "
+             f"{'over all ranks' if cfg.sync_bn else 'per rank'})" if comm.size > 1 else "")
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
         f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
-        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads")
+        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads"
+        f"{' per rank' if comm.size > 1 else ''}{ranks}")
+    if comm.size > 1:  # so that a launcher's report of a dead process id names its rank
+        where = comm.allgather(f"{os.getpid()}@{socket.gethostname()}")
+        log("ranks (pid@host): " + ", ".join(f"{r}: {w}" for r, w in enumerate(where)))
     run_start = time.perf_counter() - (history[-1]["wall_s"] if history else 0.0)
     for epoch in range(start_epoch, cfg.epochs):
         row = _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader,
-                     steps_per_epoch)
+                     steps_per_epoch, comm, reducer)
         row["wall_s"] = round(time.perf_counter() - run_start, 3)
         history.append(row)
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        checkpoint.save(out / "checkpoint.safetensors", net, opt, epoch=epoch + 1,
-                        global_step=(epoch + 1) * steps_per_epoch, config=asdict(cfg),
-                        rng={"seed": cfg.seed, "step_count": executor.step_count},
-                        history=history)
+        if comm.rank == 0:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            checkpoint.save(out / "checkpoint.safetensors", net, opt, epoch=epoch + 1,
+                            global_step=(epoch + 1) * steps_per_epoch, config=asdict(cfg),
+                            rng={"seed": cfg.seed, "step_count": executor.step_count},
+                            history=history)
         log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {row['train_loss']:.4f} "
             f"acc {row['train_acc']:.4f}, test loss {row['test_loss']:.4f} "
             f"acc {row['test_acc']:.4f}, {row['images_per_s']:.0f} images/s, "
@@ -170,12 +211,29 @@ def train(config: TrainConfig, log=print) -> Dict:
     log(f"done: final test accuracy {summary['final_test_acc']:.4f}, best "
         f"{summary['best_test_acc']:.4f}, {summary['wall_s']:.0f} s, "
         f"{summary['images_per_s']:.0f} images/s")
-    if cfg.plot:
+    if cfg.plot and comm.rank == 0:
         plot(history, out / "curves.png")
+    comm.barrier()  # the checkpoint is complete before any rank returns
     return summary
 
 
-def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps_per_epoch):
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def _check_ranks(cfg: TrainConfig, comm) -> None:
+    if cfg.nproc is not None and cfg.nproc != comm.size:
+        raise ValueError(f"nproc is {cfg.nproc} but this job runs {comm.size} rank(s); start "
+                         f"it with `minidl train --nproc N` or `mpiexec -n N minidl train`")
+    if cfg.batch_size % comm.size:
+        raise ValueError(f"the global batch size {cfg.batch_size} must be divisible by the "
+                         f"{comm.size} ranks")
+    per_host = {k: v for k, v in asdict(cfg).items() if k not in ("threads", "progress")}
+    comm.check_same("the training configuration", per_host)
+
+
+def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps_per_epoch,
+           comm, reducer):
     train_loader.set_epoch(epoch)
     bar = _progress(cfg, epoch, steps_per_epoch)
     seen = correct = 0
@@ -185,10 +243,12 @@ def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps
     for i, (x, y) in enumerate(train_loader):
         ts = time.perf_counter()
         opt.lr = schedule(epoch * steps_per_epoch + i)
-        loss, logits = executor.train_step(x, y)
+        loss, logits = executor.train_step(
+            x, y, grad_scale=comm.grad_scale(len(y), len(train_loader.rows(i))))
         if not np.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, batch {i}; "
                                      f"try a smaller learning rate (now {opt.lr:g})")
+        reducer.finish()
         opt.step()
         busy += time.perf_counter() - ts
         seen += len(y)
@@ -197,11 +257,13 @@ def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}",
-                            img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
+                            img_s=f"{comm.size * seen / (time.perf_counter() - t0):.0f}",
+                            refresh=False)
     if bar is not None:
         bar.close()
     epoch_s = time.perf_counter() - t0
-    test = evaluate(executor, test_loader)
+    seen, loss_sum, correct = comm.allreduce(np.array([seen, loss_sum, correct], np.float64))
+    test = evaluate(executor, test_loader, comm)
     return {"epoch": epoch + 1, "lr": opt.lr, "train_loss": loss_sum / seen,
             "train_acc": correct / seen, "test_loss": test["loss"], "test_acc": test["acc"],
             "images_per_s": seen / epoch_s, "step_images_per_s": seen / busy,

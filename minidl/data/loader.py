@@ -28,6 +28,12 @@ class DataLoader:
       ``default_rng([seed, e, i, 1])``: deterministic, whichever thread makes it.
     - ``set_epoch(e, start=k)`` / ``iter_from(k)``: skip the first ``k`` batches
       (resume); the rest are exactly those of the uninterrupted epoch.
+    - ``shard=(rank, ranks)``: data-parallel training.  ``batch_size`` is the global
+      batch; rank ``r`` gets rows ``[r * s // ranks, (r + 1) * s // ranks)`` of each
+      global batch of ``s`` samples, augmented with the draws of the whole global
+      batch, so the ranks' batches together are exactly the one-process batch and
+      every sample is seen once per epoch.  A last global batch of fewer samples
+      than ranks joins the batch before it, so that no rank's batch is empty.
     - ``prefetch``: batches made ahead by a background thread (0: made in the
       consuming thread).  A worker exception is re-raised in the consumer; an
       iterator that is closed or dropped early stops and joins its thread.
@@ -41,7 +47,8 @@ class DataLoader:
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, *,
                  shuffle: bool, seed: int = 0, mean: Sequence[float], std: Sequence[float],
-                 augment: bool = False, drop_last: bool = False, prefetch: int = 2):
+                 augment: bool = False, drop_last: bool = False, prefetch: int = 2,
+                 shard: Tuple[int, int] = (0, 1)):
         if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4):
             raise ValueError("images must be a uint8 array of shape (N, C, H, W), got "
                              f"{_describe(images)}")
@@ -53,6 +60,13 @@ class DataLoader:
         for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0),
                                  ("prefetch", prefetch, 0)):
             _check_int(name, value, low)
+        rank, ranks = shard
+        _check_int("shard ranks", ranks, 1)
+        _check_int("shard rank", rank, 0)
+        if rank >= ranks:
+            raise ValueError(f"shard: rank {rank} is not below the number of ranks {ranks}")
+        if len(labels) < ranks:
+            raise ValueError(f"shard: {len(labels)} samples cannot be shared by {ranks} ranks")
         channels = images.shape[1]
         mean = np.asarray(mean, np.float64).reshape(-1)
         std = np.asarray(std, np.float64).reshape(-1)
@@ -69,12 +83,23 @@ class DataLoader:
         # x = pixel * scale + shift, per channel, in float32
         self._scale = (1 / (255 * std)).astype(np.float32)[:, None, None]
         self._shift = (-mean / std).astype(np.float32)[:, None, None]
+        self.shard = (rank, ranks)
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
-        """Batches per epoch."""
-        n, b = len(self.labels), self.batch_size
-        return n // b if self.drop_last else -(-n // b)
+        """(Global) batches per epoch."""
+        full, rest = divmod(len(self.labels), self.batch_size)
+        if self.drop_last or full and rest < self.shard[1]:
+            return full  # with shards, a remainder smaller than the ranks joins the last batch
+        return full + (rest > 0)
+
+    def rows(self, index: int) -> range:
+        """Positions in the epoch's order of (global) batch `index`: its size is
+        ``len(rows(index))``, whatever the shard."""
+        lo = index * self.batch_size
+        last = index == len(self) - 1 and not self.drop_last
+        return range(lo, len(self.labels) if last else min(lo + self.batch_size,
+                                                            len(self.labels)))
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Iterate over epoch ``epoch`` from batch ``start`` on (until set again)."""
@@ -109,11 +134,15 @@ class DataLoader:
         return dy, dx, rng.random(n) < 0.5
 
     def _batch(self, epoch: int, order: Optional[np.ndarray], index: int) -> Batch:
-        lo = index * self.batch_size
-        sel = slice(lo, lo + self.batch_size) if order is None else order[lo:lo + self.batch_size]
+        rows = self.rows(index)
+        rank, ranks = self.shard
+        mine = slice(rank * len(rows) // ranks, (rank + 1) * len(rows) // ranks)
+        part = rows[mine]
+        sel = slice(part.start, part.stop) if order is None else order[part.start:part.stop]
         raw, y = self.images[sel], self.labels[sel].copy()
         if self.augment:
-            raw = self._crop_flip(raw, *self.augment_params(epoch, index, len(raw)))
+            draws = self.augment_params(epoch, index, len(rows))
+            raw = self._crop_flip(raw, *(d[mine] for d in draws))
         x = np.multiply(raw, self._scale, dtype=np.float32)
         x += self._shift
         return x, y

@@ -167,6 +167,8 @@ class BatchNorm2d(Layer):
                  momentum: float = 0.1):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        # a minidl.distributed.Comm: training statistics over the ranks' whole batch
+        self.sync = None
 
     def build(self, in_shapes):
         s = tuple(in_shapes[0])
@@ -189,6 +191,8 @@ class BatchNorm2d(Layer):
 
     def forward(self, xs, training, seed=0):
         b = self.buffers
+        if training and self.sync is not None:
+            return self._forward_sync(xs[0])
         y, mean, invstd = ops.batch_norm(xs[0], self.params["weight"].data,
                                          self.params["bias"].data, training=training,
                                          running_mean=b["running_mean"],
@@ -199,10 +203,55 @@ class BatchNorm2d(Layer):
         return y, (xs[0], mean, invstd)
 
     def backward(self, dy, saved, need_dx=True):
-        x, mean, invstd = saved
+        x, mean, invstd = saved[:3]
         g, beta = self.params["weight"], self.params["bias"]
+        if len(saved) == 4:
+            return [self._backward_sync(dy, saved)]
         dx, g.grad, beta.grad = ops.batch_norm_backward(x, g.data, dy, mean, invstd)
         return [dx]
+
+    # Synchronised BatchNorm: the statistics of the global batch, from per-channel sums
+    # (float64) added over the ranks; backward adds the ranks' sums of dy and dy * xhat.
+    @staticmethod
+    def _channels(a):
+        return a.reshape(a.shape[0], a.shape[1], -1)
+
+    def _forward_sync(self, x):
+        c = x.shape[1]
+        x3 = self._channels(x).astype(np.float64)
+        local = np.concatenate([x3.sum((0, 2)), np.square(x3).sum((0, 2)), [x3[:, 0].size]])
+        total = self.sync.allreduce(local)
+        m = total[-1]
+        if m <= 1:
+            raise ValueError(f"expected more than 1 value per channel when training, got {m:g}")
+        mean = total[:c] / m
+        var = np.maximum(total[c:2 * c] / m - mean * mean, 0.0)
+        b = self.buffers
+        y, mean32, invstd = ops.batch_norm(x, self.params["weight"].data,
+                                           self.params["bias"].data, training=False,
+                                           running_mean=mean.astype(np.float32),
+                                           running_var=var.astype(np.float32), eps=self.eps)
+        for name, stat in (("running_mean", mean), ("running_var", var * m / (m - 1))):
+            b[name][...] = (1 - self.momentum) * b[name] + self.momentum * stat
+        b["num_batches_tracked"] += 1
+        return y, (x, mean32, invstd, m)
+
+    def _backward_sync(self, dy, saved):
+        x, mean, invstd, m = saved
+        g, beta = self.params["weight"], self.params["bias"]
+        c = x.shape[1]
+        xhat = self._channels(x - mean.reshape(-1, *[1] * (x.ndim - 2)))
+        xhat *= invstd[:, None]
+        dy3 = self._channels(dy)
+        dbeta = dy3.sum((0, 2), dtype=np.float64)
+        dgamma = np.einsum("nci,nci->c", dy3, xhat, dtype=np.float64)
+        beta.grad, g.grad = dbeta.astype(np.float32), dgamma.astype(np.float32)
+        total = self.sync.allreduce(np.concatenate([dbeta, dgamma]))
+        scale = (g.data * invstd)[:, None]
+        dx = dy3 - (total[:c] / m).astype(np.float32)[:, None]
+        dx -= xhat * (total[c:] / m).astype(np.float32)[:, None]
+        dx *= scale
+        return dx.reshape(x.shape)
 
     def flops(self, in_shapes, out_shape):
         return 4 * int(np.prod(out_shape))

@@ -10,7 +10,7 @@ from the arrays themselves (`track_memory`), to check the plan's prediction.
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -60,14 +60,20 @@ class Executor:
         self.timings: Optional[Dict[str, list]] = None  # name -> [forward s, backward s]
         self.track_memory = False
         self.peak_activation_bytes = 0
+        # called with a step's name once its backward has run (its parameters' gradients
+        # are final): data-parallel training starts exchanging them from there
+        self.backward_hook: Optional[Callable[[str], None]] = None
         self._last_read = {x: i for i, s in enumerate(self.plan.steps) for x in s.inputs}
 
     # -- public ----------------------------------------------------------------------
-    def train_step(self, x: np.ndarray, labels: np.ndarray) -> Tuple[float, np.ndarray]:
+    def train_step(self, x: np.ndarray, labels: np.ndarray, *,
+                   grad_scale: float = 1.0) -> Tuple[float, np.ndarray]:
         """Forward, loss and backward on one batch; leaves each parameter's gradient in
-        its .grad.  Returns (mean loss, logits)."""
+        its .grad: that of the mean loss, times grad_scale.  Returns (mean loss, logits)."""
         logits, ctx = self._forward(x, training=True)
         loss, dlogits = self.loss(logits, labels)
+        if grad_scale != 1.0:
+            dlogits *= np.float32(grad_scale)
         self._backward(dlogits, ctx)
         self.step_count += 1
         return loss, logits
@@ -119,10 +125,13 @@ class Executor:
         grads = {self.net.output: dlogits}
         del dlogits
         nodes = self.net.nodes
+        hook = self.backward_hook
         for s in reversed(self.plan.steps):
             saved = ctx.pop(s.name)
             dy = grads.pop(s.name, None)
             if dy is None:
+                if hook is not None:
+                    hook(s.name)
                 continue
             t0 = time.perf_counter()
             dxs = nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx))
@@ -143,3 +152,5 @@ class Executor:
             if self.track_memory:
                 self._measure(list(grads.values()), list(ctx.values()), saved, dy, dxs)
             del dy, dxs, saved
+            if hook is not None:
+                hook(s.name)

@@ -1,0 +1,253 @@
+"""Data-parallel training over MPI (mpi4py).
+
+One program runs as one process or as N ranks started by ``mpiexec -n N`` (or
+``minidl train --nproc N``), on one host or many.  With one process every
+function here is a no-op, so the training loop never branches on it:
+
+- ``init()`` returns a ``Comm``: the MPI world when the process was started by an
+  MPI launcher with more than one rank, else a single-process stand-in.  mpi4py is
+  imported only in the first case (``pip install minidl[mpi]``).
+- ``Comm.broadcast(arrays)`` copies rank 0's arrays to every rank (initial
+  parameters and buffers).
+- ``GradientReducer`` averages the gradients across ranks in buckets: a bucket's
+  non-blocking allreduce starts as soon as backward has produced all of its
+  gradients, so the exchange overlaps the rest of backward; ``finish()`` waits.
+- ``Comm.allreduce`` sums small arrays (metrics, synchronised BatchNorm statistics).
+- ``Comm.check_same(what, value)``: a clear error when ranks disagree (model, data,
+  configuration) before training starts.
+
+Gradients are exchanged through host memory (the arrays' own buffers), which works
+with every MPI library.  The local batches of one global batch may differ in size
+(the last batch of an epoch); each rank scales its loss gradient by
+``local_batch * size / global_batch`` (``Comm.grad_scale``) so that the average
+over ranks is exactly the gradient of the mean loss over the global batch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+# variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm) set in every rank
+_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpi() -> bool:
+    """Whether this process is one of several ranks started by an MPI launcher."""
+    for var in _LAUNCHER_SIZE_VARS:
+        try:
+            if int(os.environ.get(var, "1")) > 1:
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+class Comm:
+    """One process: rank 0 of 1.  Every collective returns its input."""
+
+    rank, size, local_rank, local_size = 0, 1, 0, 1
+
+    def __init__(self):
+        self.wait_s = 0.0          # time spent waiting on gradient exchange
+        self.bytes_reduced = 0     # gradient bytes this rank contributed to allreduces
+
+    def broadcast(self, arrays: Sequence[np.ndarray]) -> None:
+        pass
+
+    def allreduce(self, a: np.ndarray) -> np.ndarray:
+        """The element-wise sum of `a` over the ranks (a new array)."""
+        return np.array(a, copy=True)
+
+    def iallreduce(self, a: np.ndarray):
+        """Starts an in-place sum of the contiguous array `a` over the ranks;
+        returns a request for `wait`/`test` (None with one process)."""
+        return None
+
+    def test(self, requests) -> None:
+        """Lets pending non-blocking collectives progress (MPI progresses them only
+        inside MPI calls)."""
+
+    def wait(self, requests) -> None:
+        pass
+
+    def allgather(self, value) -> list:
+        return [value]
+
+    def barrier(self) -> None:
+        pass
+
+    def abort(self, code: int = 1) -> None:
+        sys.exit(code)
+
+    def check_same(self, what: str, value) -> None:
+        """Raises ValueError naming the first rank whose `value` differs from rank 0's."""
+        values = self.allgather(value)
+        for r, v in enumerate(values):
+            if v != values[0]:
+                raise ValueError(f"ranks disagree on {what}: rank 0 has {values[0]!r}, "
+                                 f"rank {r} has {v!r}")
+
+    def split(self, n: int) -> range:
+        """The rows [lo, hi) of an n-row global batch that this rank takes."""
+        return range(self.rank * n // self.size, (self.rank + 1) * n // self.size)
+
+    def grad_scale(self, local: int, total: int) -> float:
+        return local * self.size / total
+
+
+class MPIComm(Comm):
+    """The MPI world communicator through mpi4py."""
+
+    def __init__(self):
+        super().__init__()
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise RuntimeError("this process was started by an MPI launcher but mpi4py is "
+                               "missing: pip install 'minidl[mpi]'") from None
+        self.MPI = MPI
+        self.world = MPI.COMM_WORLD
+        self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
+        node = self.world.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+
+    def broadcast(self, arrays):
+        for a in arrays:
+            self.world.Bcast(a, root=0)
+
+    def allreduce(self, a):
+        a = np.ascontiguousarray(a)
+        out = np.empty_like(a)
+        self.world.Allreduce(a, out, op=self.MPI.SUM)
+        return out
+
+    def iallreduce(self, a):
+        return self.world.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+
+    def test(self, requests):
+        if requests:
+            self.MPI.Request.Testall(requests)
+
+    def wait(self, requests):
+        if requests:
+            self.MPI.Request.Waitall(requests)
+
+    def allgather(self, value):
+        return self.world.allgather(value)
+
+    def barrier(self):
+        self.world.Barrier()
+
+    def abort(self, code=1):
+        sys.stderr.flush()
+        self.world.Abort(code)
+
+
+_comm: Optional[Comm] = None
+
+
+def init() -> Comm:
+    """The communicator of this process (created once)."""
+    global _comm
+    if _comm is None:
+        _comm = MPIComm() if launched_by_mpi() else Comm()
+    return _comm
+
+
+def run_or_abort(comm: Comm, fn, *args, **kwargs):
+    """Runs fn; if it raises on any rank of a multi-rank job, prints the error with
+    the rank's number and aborts the whole job (every rank stops at once, non-zero
+    exit) instead of leaving the other ranks waiting in a collective."""
+    if comm.size == 1:
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as e:  # noqa: B902 -- any failure must stop every rank
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        print(f"minidl: rank {comm.rank} of {comm.size} failed: {type(e).__name__}: {e}; "
+              f"stopping all ranks", file=sys.stderr, flush=True)
+        comm.abort(1)
+
+
+class GradientReducer:
+    """Averages the gradients of `net`'s parameters across the ranks of `comm`.
+
+    Parameters are grouped, in the order backward produces them (the reverse of
+    the plan), into buckets of about `bucket_bytes`.  The executor calls
+    ``ready(step)`` after each step's backward; a bucket whose gradients are all
+    there is packed into its flat buffer and its non-blocking allreduce starts.
+    ``finish()`` starts what is left, waits for every bucket, and writes the averages
+    back into each parameter's ``.grad``.  With one process it does nothing."""
+
+    def __init__(self, net, comm: Comm, bucket_bytes: int = 1 << 18):
+        self.comm = comm
+        self.buckets: List[dict] = []
+        self._bucket_of: Dict[str, List[int]] = {}
+        if comm.size == 1:
+            return
+        current: Optional[dict] = None
+        for name, node in reversed(list(net.layers())):
+            params = list(node.layer.params.values())
+            if not params:
+                continue
+            if current is None or current["bytes"] >= bucket_bytes:
+                current = {"params": [], "steps": set(), "bytes": 0}
+                self.buckets.append(current)
+            current["params"] += params
+            current["steps"].add(name)
+            current["bytes"] += sum(p.data.nbytes for p in params)
+            self._bucket_of.setdefault(name, []).append(len(self.buckets) - 1)
+        for b in self.buckets:
+            b["buffer"] = np.empty(b["bytes"] // 4, np.float32)
+        self._reset()
+
+    def _reset(self):
+        self._pending = [set(b["steps"]) for b in self.buckets]
+        self._requests: List = []
+        self._started = [False] * len(self.buckets)
+
+    def ready(self, step: str) -> None:
+        for i in self._bucket_of.get(step, ()):
+            self._pending[i].discard(step)
+            if not self._pending[i]:
+                self._start(i)
+        self.comm.test(self._requests)
+
+    def _start(self, i: int) -> None:
+        b = self.buckets[i]
+        offset = 0
+        for p in b["params"]:
+            n = p.data.size
+            b["buffer"][offset:offset + n] = p.grad.reshape(-1)
+            offset += n
+        self._started[i] = True
+        self._requests.append(self.comm.iallreduce(b["buffer"]))
+        self.comm.bytes_reduced += b["buffer"].nbytes
+
+    def finish(self) -> None:
+        if self.comm.size == 1:
+            return
+        for i, started in enumerate(self._started):
+            if not started:
+                self._start(i)
+        t0 = time.perf_counter()
+        self.comm.wait(self._requests)
+        self.comm.wait_s += time.perf_counter() - t0
+        scale = np.float32(1.0 / self.comm.size)
+        for b in self.buckets:
+            offset = 0
+            for p in b["params"]:
+                n = p.data.size
+                p.grad = (b["buffer"][offset:offset + n] * scale).reshape(p.data.shape)
+                offset += n
+        self._reset()
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(b["bytes"] for b in self.buckets)
