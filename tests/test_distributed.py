@@ -103,7 +103,13 @@ try:
     HAVE_MPI = _mpiexec() is not None
 except ImportError:
     HAVE_MPI = False
-mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec (pip install '.[mpi]')")
+
+
+def mpi(test):
+    """A multi-rank test: needs mpi4py and mpiexec; third-party, so not under sanitizers."""
+    skip = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec "
+                              "(pip install '.[mpi]')")
+    return pytest.mark.external(skip(test))
 
 LIMIT = 60  # seconds: a job with a failed rank must be over well within this
 

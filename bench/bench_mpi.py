@@ -1,0 +1,179 @@
+"""Data-parallel scaling: 2 MPI ranks x 1 thread against 1 rank x 1 thread, side by side,
+and a model of larger jobs built from the measured figures.
+
+    python3 bench/bench_mpi.py [--model cifar10_quick] [--batch-size 100] [--ranks 2]
+        [--steps 20] [--repeats 5] [--json bench/results/mpi-DATE.json]
+
+Each round runs, in fresh processes and in this order (A B C A B C ...):
+
+    A  minidl bench --threads 1 --batch-size B                    1 rank
+    B  minidl bench --threads 1 --batch-size R*B --nproc R        R ranks x B (weak scaling)
+    C  minidl bench --threads 1 --batch-size B --nproc R          R ranks x B/R (strong scaling)
+
+Scaling is the median over rounds of the per-round ratio of images/s (all ranks)
+to the 1-rank images/s; the rank runs also report the time a step waits for the
+gradient exchange and the bytes each rank sends into the allreduce.
+
+The model: a step on N ranks takes compute + max(0, allreduce - overlap), where the
+ring allreduce of G gradient bytes costs 2 (N - 1) / N * G / bandwidth + 2 (N - 1) *
+latency, and overlap is the backward time left after the first bucket of gradients
+is ready (from the 1-rank per-layer times and minidl's 256 KiB buckets).
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from machine import cpu_model, git_commit  # bench/, the script's own directory
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BUCKET = 1 << 18
+NETWORKS = {"10 Gb/s Ethernet": 10e9 / 8, "25 Gb/s Ethernet": 25e9 / 8,
+            "100 Gb/s InfiniBand": 100e9 / 8}
+LATENCY = {"10 Gb/s Ethernet": 20e-6, "25 Gb/s Ethernet": 10e-6, "100 Gb/s InfiniBand": 2e-6}
+SCALES = (8, 64, 512)
+
+
+def run(args, ranks, batch):
+    cmd = [sys.executable, "-m", "minidl", "bench", "--model", args.model, "--batch-size",
+           str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--threads", "1", "--json"] + (["--nproc", str(ranks)] if ranks > 1 else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    time.sleep(args.pause)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def overlap_window(layers, param_bytes):
+    """Backward seconds still to run when the first gradient bucket is complete."""
+    backward = [(l["backward_ms"] / 1e3, param_bytes.get(l["name"], 0))
+                for l in reversed(layers)]
+    total = sum(t for t, _ in backward)
+    done = filled = 0.0
+    for t, b in backward:
+        done += t
+        filled += b
+        if filled >= BUCKET:
+            break
+    return total - done
+
+
+def model_table(one, grad_bytes, window):
+    compute = one["train_step_ms"] / 1e3
+    rows = []
+    for n in SCALES:
+        for net, bw in NETWORKS.items():
+            comm = 2 * (n - 1) / n * grad_bytes / bw + 2 * (n - 1) * LATENCY[net]
+            exposed = max(0.0, comm - window)
+            step = compute + exposed
+            rows.append({"ranks": n, "network": net, "allreduce_ms": 1e3 * comm,
+                         "exposed_ms": 1e3 * exposed, "step_ms": 1e3 * step,
+                         "efficiency": compute / step,
+                         "images_per_s": n * one["batch_size"] / step})
+    return rows
+
+
+def crossover(grad_bytes, window):
+    """Per network, the smallest rank count whose allreduce outlasts the overlap window
+    (None: not below a million ranks)."""
+    out = {}
+    for net, bw in NETWORKS.items():
+        n = 2
+        while n < 1 << 20 and 2 * (n - 1) / n * grad_bytes / bw + 2 * (n - 1) * LATENCY[net] \
+                <= window:
+            n *= 2
+        lo = n // 2  # the answer lies in (lo, n]: bisect
+        while n - lo > 1:
+            mid = (lo + n) // 2
+            cost = 2 * (mid - 1) / mid * grad_bytes / bw + 2 * (mid - 1) * LATENCY[net]
+            lo, n = (mid, n) if cost <= window else (lo, mid)
+        out[net] = n if n < 1 << 20 else None
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="cifar10_quick")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--pause", type=float, default=1.0)
+    p.add_argument("--json")
+    args = p.parse_args()
+    r, b = args.ranks, args.batch_size
+    rounds = []
+    for i in range(args.repeats):
+        rounds.append({"one": run(args, 1, b), "weak": run(args, r, r * b),
+                       "strong": run(args, r, b)})
+        one = rounds[-1]["one"]["train_images_per_s"]
+        print(f"round {i + 1}: 1 rank {one:.0f} images/s; {r} ranks x {b}: "
+              f"{rounds[-1]['weak']['train_images_per_s'] / one:.2f}x; {r} ranks x {b // r}: "
+              f"{rounds[-1]['strong']['train_images_per_s'] / one:.2f}x", flush=True)
+
+    def med(kind, key):
+        return statistics.median(x[kind][key] for x in rounds)
+
+    summary = {}
+    for kind in ("weak", "strong"):
+        ratios = [x[kind]["train_images_per_s"] / x["one"]["train_images_per_s"]
+                  for x in rounds]
+        summary[kind] = {
+            "scaling_median": statistics.median(ratios), "scaling_min": min(ratios),
+            "scaling_max": max(ratios), "images_per_s_median": med(kind, "train_images_per_s"),
+            "comm_wait_ms_per_step_median": med(kind, "comm_wait_ms_per_step"),
+            "bytes_exchanged_per_step": rounds[0][kind]["bytes_exchanged_per_step"],
+            "train_step_ms_median": med(kind, "train_step_ms")}
+    summary["one"] = {"images_per_s_median": med("one", "train_images_per_s"),
+                      "train_step_ms_median": med("one", "train_step_ms")}
+    best_one = min((x["one"] for x in rounds), key=lambda o: o["train_step_ms"])
+    sys.path.insert(0, ROOT)
+    from minidl import models
+    net = models.build(args.model, seed=0)
+    param_bytes = {k: sum(p.data.nbytes for p in n.layer.params.values())
+                   for k, n in net.layers()}
+    grad_bytes = sum(param_bytes.values())
+    window = overlap_window(best_one["layers"], param_bytes)
+    table = model_table(best_one, grad_bytes, window)
+    hidden_until = crossover(grad_bytes, window)
+
+    print(f"\n{args.model}, 1 thread per rank, {args.repeats} rounds (median [min, max]):")
+    print(f"  1 rank x {b}: {summary['one']['images_per_s_median']:.0f} images/s")
+    for kind, local in (("weak", b), ("strong", b // r)):
+        s = summary[kind]
+        print(f"  {r} ranks x {local}: {s['images_per_s_median']:.0f} images/s, scaling "
+              f"{s['scaling_median']:.2f}x [{s['scaling_min']:.2f}, {s['scaling_max']:.2f}], "
+              f"waits {s['comm_wait_ms_per_step_median']:.2f} ms/step for the exchange of "
+              f"{s['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank")
+    print(f"\nmodel: compute {best_one['train_step_ms']:.1f} ms/step (best 1-rank step), "
+          f"{grad_bytes / 1e6:.2f} MB of gradients, overlap window {1e3 * window:.1f} ms")
+    print(f"  {'ranks':>5} {'network':<20} {'allreduce ms':>12} {'exposed ms':>10} "
+          f"{'step ms':>8} {'efficiency':>10} {'images/s':>10}")
+    for row in table:
+        print(f"  {row['ranks']:>5} {row['network']:<20} {row['allreduce_ms']:>12.2f} "
+              f"{row['exposed_ms']:>10.2f} {row['step_ms']:>8.1f} {row['efficiency']:>10.2f} "
+              f"{row['images_per_s']:>10.0f}")
+    for net, n in hidden_until.items():
+        print(f"  {net}: the overlap hides the exchange up to {n - 1 if n else 'over a million'}"
+              f" ranks (latency {LATENCY[net] * 1e6:.0f} us per ring hop)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"date": datetime.date.today().isoformat(), "commit": git_commit(),
+                       "cpu": cpu_model(), "model": args.model, "batch_size": b, "ranks": r,
+                       "command": " ".join(["python3", "bench/bench_mpi.py", *sys.argv[1:]]),
+                       "summary": summary, "scale_model": {
+                           "gradient_bytes": grad_bytes, "overlap_window_ms": 1e3 * window,
+                           "latency_s": LATENCY, "rows": table,
+                           "first_exposed_ranks": hidden_until},
+                       "rounds": rounds}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
