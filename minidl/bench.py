@@ -2,7 +2,11 @@
 with per-layer forward/backward times (like `caffe time`) and peak memory.
 
 The JSON fields train_images_per_s, infer_images_per_s, peak_rss_mb and layers are
-stable; later features add fields.
+stable; later features add fields.  On a device other than the cpu: `device`,
+`device_peak_bytes` (the device's own peak over the run), `copies_per_step` (count
+and bytes, h2d and d2h, of one training step) and `launches_per_step`; on sim also
+`modelled_train_step_ms` and `modelled_train_images_per_s` from its cost model.
+Times are host wall-clock times (on sim: the CPU running the kernels).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import numpy as np
 
 import minidl
 from minidl import models
+from minidl.device import get_device
 from minidl.optim import SGD
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -29,15 +34,16 @@ def _median_time(fn, steps: int) -> float:
 
 
 def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = None,
-        warmup: int = 3, seed: int = 0) -> Dict:
+        warmup: int = 3, seed: int = 0, device="cpu") -> Dict:
     if threads is not None:
         minidl.set_num_threads(threads)
     if steps < 1 or warmup < 0 or batch_size < 1:
         raise ValueError(f"need steps >= 1, warmup >= 0 and batch_size >= 1, got {steps}, "
                          f"{warmup}, {batch_size}")
-    net = models.build(model, seed=seed)
+    dev = get_device(device)
+    net = models.build(model, seed=seed).to(dev)
     opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    plan = make_plan(net, batch_size, optimizer_slots=len(opt.slots))
+    plan = make_plan(net, batch_size, optimizer_slots=len(opt.slots), device=dev)
     ex = Executor(net, plan, seed=seed)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch_size, *net.input_shape), dtype=np.float32)
@@ -62,7 +68,10 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
                "backward_ms": 1e3 * ex.timings.get(s.name, [0, 0])[1] / layer_steps}
               for s in plan.steps]
     flops = 3 * plan.flops()
+    ex.timings = None
+    extra = {} if dev.kind == "cpu" else _device_step(dev, train_step, batch_size)
     return {
+        "device": dev.name, **extra,
         "model": model, "batch_size": batch_size, "threads": minidl.get_num_threads(),
         "steps": steps, "simd": minidl.get_simd(), "version": minidl.__version__,
         "train_images_per_s": batch_size / train_s, "infer_images_per_s": batch_size / infer_s,
@@ -74,12 +83,40 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
     }
 
 
+def _device_step(dev, train_step, batch_size: int) -> Dict:
+    """Counters of one more training step on a device, and the peak over the run."""
+    dev.reset_counters()
+    start = getattr(dev, "clock", None)
+    train_step()
+    dev.synchronize()
+    r = {"device_peak_bytes": dev.peak,
+         "copies_per_step": {k: dict(v) for k, v in dev.copies.items()},
+         "launches_per_step": dev.launches}
+    if start is not None:
+        step_s = dev.clock - start
+        r.update(modelled_train_step_ms=1e3 * step_s,
+                 modelled_train_images_per_s=batch_size / step_s)
+    if hasattr(dev, "gpu_name"):
+        r["device_name"] = dev.gpu_name
+    return r
+
+
 def format_report(r: Dict) -> str:
-    lines = [f"{r['model']}, batch {r['batch_size']}, {r['threads']} threads ({r['simd']}):",
+    lines = [f"{r['model']}, batch {r['batch_size']}, {r['threads']} threads ({r['simd']}), "
+             f"device {r['device']}:",
              f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
              f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "
              f"images/s, peak RSS {r['peak_rss_mb']:.0f} MB",
              f"  {'layer':<24} {'kind':<16} {'forward ms':>10} {'backward ms':>11}"]
+    if "device_peak_bytes" in r:
+        c = r["copies_per_step"]
+        lines.insert(2, f"  device peak {r['device_peak_bytes'] / 2**20:.1f} MiB; per step "
+                        f"{c['h2d']['count']} h2d copies ({c['h2d']['bytes']} bytes), "
+                        f"{c['d2h']['count']} d2h ({c['d2h']['bytes']} bytes), "
+                        f"{r['launches_per_step']} kernels"
+                     + (f"; modelled step {r['modelled_train_step_ms']:.3f} ms "
+                        f"({r['modelled_train_images_per_s']:.0f} images/s)"
+                        if "modelled_train_step_ms" in r else ""))
     for layer in r["layers"]:
         lines.append(f"  {layer['name']:<24} {layer['kind']:<16} {layer['forward_ms']:>10.2f} "
                      f"{layer['backward_ms']:>11.2f}")

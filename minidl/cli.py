@@ -3,6 +3,7 @@
     minidl train --model cifar10_quick --dataset cifar10 --epochs 10 --out runs/quick
     minidl eval --checkpoint runs/quick/checkpoint.safetensors
     minidl bench --model resnet20 --batch-size 128 --steps 20 --threads 2 --json
+    minidl train ... --device sim --sim-memory 512MB      (or --device cuda[:N])
     minidl plan --model resnet20 --batch-size 128 [--json]
     minidl models
     minidl --cflags --libs          compiler/linker flags for the C library
@@ -15,6 +16,7 @@ import sys
 from dataclasses import fields
 
 import minidl
+from minidl.device import OutOfDeviceMemory, from_options
 
 
 def _train_parser(sub):
@@ -44,7 +46,16 @@ def _train_parser(sub):
     p.add_argument("--limit-test", type=int, help="use only the first N test images")
     p.add_argument("--plot", action="store_true", help="write curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    _device_options(p)
     p.set_defaults(run=_train)
+
+
+def _device_options(p):
+    p.add_argument("--device", default="cpu", help="cpu, sim (a modelled GPU) or cuda[:N]")
+    p.add_argument("--sim-memory", metavar="SIZE",
+                   help="the sim device's memory budget, e.g. 512MB or 2GiB (default: none)")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="cap the GPU memory minidl uses "
+                   "(default: $MINIDL_GPU_MEMORY_LIMIT, else all of it)")
 
 
 def _train(a):
@@ -73,7 +84,8 @@ def _eval(a):
 
 def _bench(a):
     from minidl import bench
-    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup)
+    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup,
+                  device=from_options(a.device, a.sim_memory, a.gpu_memory))
     print(json.dumps(r) if a.json else bench.format_report(r))
     return 0
 
@@ -81,7 +93,7 @@ def _bench(a):
 def _plan(a):
     from minidl import models
     from minidl.plan import make_plan
-    plan = make_plan(models.build(a.model, seed=None), a.batch_size)
+    plan = make_plan(models.build(a.model, seed=None), a.batch_size, device=a.device)
     print(plan.to_json(indent=1) if a.json else plan)
     return 0
 
@@ -132,11 +144,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--threads", type=int)
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    _device_options(b)
     b.set_defaults(run=_bench)
     pl = sub.add_parser("plan", help="print the plan of a model")
     pl.add_argument("--model", default="cifar10_quick")
     pl.add_argument("--batch-size", type=int, default=100)
     pl.add_argument("--json", action="store_true")
+    pl.add_argument("--device", default="cpu", help="the device the plan is for")
     pl.set_defaults(run=_plan)
     m = sub.add_parser("models", help="list the models with their parameter counts")
     m.set_defaults(run=_models)
@@ -153,6 +167,6 @@ def main(argv=None) -> int:
         return _flags(a)
     try:
         return a.run(a)
-    except (ValueError, KeyError, RuntimeError, OSError) as e:
+    except (ValueError, KeyError, RuntimeError, OSError, OutOfDeviceMemory) as e:
         print(f"minidl {a.command}: error: {e}", file=sys.stderr)
         return 1

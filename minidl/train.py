@@ -21,6 +21,7 @@ import numpy as np
 
 import minidl
 from minidl import checkpoint, data, models
+from minidl.device import from_options
 from minidl.optim import OPTIMIZERS, make_schedule
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -51,6 +52,9 @@ class TrainConfig:
     limit_test: Optional[int] = None
     plot: bool = False
     progress: bool = True
+    device: str = "cpu"                # cpu, sim, cuda or cuda:N
+    sim_memory: Optional[str] = None   # the sim device's budget, e.g. "512MB"
+    gpu_memory: Optional[str] = None   # a cap on the GPU's memory, e.g. "4GiB"
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None filled in from the model's recipe."""
@@ -120,6 +124,7 @@ def train(config: TrainConfig, log=print) -> Dict:
     run).  Writes checkpoint.safetensors and metrics.jsonl (and curves.png with plot)."""
     cfg = config.resolved()
     _check(cfg)
+    device = from_options(cfg.device, cfg.sim_memory, cfg.gpu_memory)  # fails early
     if cfg.threads is not None:
         minidl.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -127,9 +132,10 @@ def train(config: TrainConfig, log=print) -> Dict:
     train_loader, test_loader = make_loader(cfg, True), make_loader(cfg, False)
     num_classes = len(data.DATASETS[cfg.dataset].classes)
     net = models.build(cfg.model, train_loader.images.shape[1:], num_classes, seed=cfg.seed)
+    net.to(device)
     opt = _optimizer(cfg, net)
-    executor = Executor(net, make_plan(net, cfg.batch_size, optimizer_slots=len(opt.slots)),
-                        seed=cfg.seed)
+    executor = Executor(net, make_plan(net, cfg.batch_size, optimizer_slots=len(opt.slots),
+                                       device=device), seed=cfg.seed)
     steps_per_epoch = len(train_loader)
     schedule = make_schedule(cfg.lr_schedule, cfg.lr, cfg.epochs * steps_per_epoch,
                              warmup_steps=round((cfg.warmup_epochs or 0) * steps_per_epoch))
@@ -149,7 +155,8 @@ def train(config: TrainConfig, log=print) -> Dict:
         metrics_path.write_text("")
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
         f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
-        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads")
+        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads, "
+        f"device {device.name}")
     run_start = time.perf_counter() - (history[-1]["wall_s"] if history else 0.0)
     for epoch in range(start_epoch, cfg.epochs):
         row = _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader,

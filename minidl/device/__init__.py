@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import os
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Dict, Optional, Tuple, Union
@@ -34,7 +33,7 @@ import numpy as np
 Shape = Tuple[int, ...]
 
 __all__ = ["Device", "DeviceArray", "Stream", "Event", "OutOfDeviceMemory", "get_device",
-           "parse_bytes", "format_bytes", "asnumpy", "copy_into", "zeros_like", "fill",
+           "from_options", "parse_bytes", "format_bytes", "asnumpy", "copy_into", "zeros_like", "fill",
            "device_of"]
 
 
@@ -409,12 +408,23 @@ def get_device(spec: Union[str, Device] = "cpu", memory: Union[int, str, None] =
         dev = SimDevice(memory, **options)
     else:
         from minidl.device.cuda import CudaDevice
-        if memory is None:
-            memory = os.environ.get("MINIDL_GPU_MEMORY_LIMIT") or None
         dev = CudaDevice(int(name.split(":")[1]), memory, **options)
     if shared:
         _DEFAULT[name] = dev
     return dev
+
+
+def from_options(device: str = "cpu", sim_memory=None, gpu_memory=None) -> Device:
+    """The device of the command-line options --device, --sim-memory and --gpu-memory
+    (a memory option for another kind of device is an error, not ignored)."""
+    name = canonical_name(device)
+    kind = name.split(":")[0]
+    for option, value, applies in (("--sim-memory", sim_memory, "sim"),
+                                   ("--gpu-memory", gpu_memory, "cuda")):
+        if value is not None and kind != applies:
+            raise ValueError(f"{option} applies to --device {applies}, not {name}")
+    memory = sim_memory if kind == "sim" else gpu_memory
+    return get_device(name, memory=memory)
 
 
 # ---- helpers that take host or device arrays alike ---------------------------------
