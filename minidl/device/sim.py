@@ -18,7 +18,8 @@ pipeline data run and are checked on machines without one.
       start = max(s.time, engine.free);  s.time = engine.free = start + cost
   so copies on one stream overlap kernels on another, kernels on two streams take
   turns on the compute engine, and `s.wait(event)` delays s to the time the event
-  was recorded at.  Costs (a roofline with a fixed launch latency):
+  was recorded at (a new stream starts at time 0: order it after another
+  with an event).  Costs (a roofline with a fixed launch latency):
       kernel: launch_latency + max(flops / compute_flops, bytes / memory_bandwidth)
       copy:   launch_latency + bytes / pcie_bandwidth
   where bytes are the sizes of all the kernel's array arguments (each read or
