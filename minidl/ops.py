@@ -88,10 +88,13 @@ def _inout(name: str, a, shape: Tuple[int, ...]) -> np.ndarray:
 def _kernels(**operands):
     """The kernels for the operands' device (minidl._C for NumPy arrays); all operands
     (None skipped) must live on one device."""
+    for a in operands.values():
+        if a is not None and type(a) is not np.ndarray:
+            break
+    else:
+        return _C  # the NumPy path
     devices = {None if isinstance(a, np.ndarray) else a.device
                for a in operands.values() if a is not None}
-    if devices == {None}:
-        return _C
     if len(devices) > 1:
         where = ", ".join(f"{k} on {'cpu (NumPy)' if isinstance(a, np.ndarray) else a.device.name}"
                           for k, a in operands.items() if a is not None)

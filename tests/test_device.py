@@ -3,6 +3,8 @@ budget, copy counters and modelled clock, the plan's memory prediction against t
 device's own peak, moving nets, checkpoints across devices, and the command line.
 The cuda tests at the end run only where pycuda, minidl._cuda and a GPU are present."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,6 +41,12 @@ def test_parse_bytes(text, n):
 def test_parse_bytes_rejects(bad, exc, match):
     with pytest.raises(exc, match=match):
         parse_bytes(bad)
+
+
+def test_importing_minidl_needs_no_cuda():
+    code = ("import sys, minidl, minidl.device, minidl.train; "
+            "assert not {'pycuda', 'minidl._cuda', 'minidl.device.cuda'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_device_names():
