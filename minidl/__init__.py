@@ -1,6 +1,7 @@
 """minidl: a minimal deep-learning training runtime on hand-written C kernels.
 
-``minidl.ops`` is the functional API (NumPy float32 arrays in and out, NCHW);
+``minidl.ops`` is the functional API (NumPy float32 arrays in and out, NCHW, or
+arrays of one ``minidl.device``: cpu, sim or cuda);
 ``minidl.nn`` the layers, ``minidl.Net`` a graph of them, ``minidl.plan`` and
 ``minidl.runtime`` what one training step does and its executor, ``minidl.optim``,
 ``minidl.data``, ``minidl.models`` and ``minidl.train`` the rest of training.

@@ -3,6 +3,7 @@
     minidl train --model cifar10_quick --dataset cifar10 --epochs 10 --out runs/quick
     minidl eval --checkpoint runs/quick/checkpoint.safetensors
     minidl bench --model resnet20 --batch-size 128 --steps 20 --threads 2 --json
+    minidl train ... --device sim --sim-memory 512MB      (or --device cuda[:N])
     minidl train --nproc 2 ...      data-parallel over 2 MPI ranks (or: mpiexec -n 2 minidl train ...)
     minidl plan --model resnet20 --batch-size 128 [--json]
     minidl models
@@ -16,6 +17,7 @@ import sys
 from dataclasses import fields
 
 import minidl
+from minidl.device import OutOfDeviceMemory, from_options
 
 
 def _train_parser(sub):
@@ -45,6 +47,7 @@ def _train_parser(sub):
     p.add_argument("--limit-test", type=int, help="use only the first N test images")
     p.add_argument("--plot", action="store_true", help="write curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    _device_options(p)
     _nproc_argument(p)
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all "
                    "ranks' batches (default: per rank)")
@@ -54,6 +57,17 @@ def _train_parser(sub):
 def _nproc_argument(p):
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine, started "
                    "with mpiexec (--batch-size is the global batch; needs minidl[mpi])")
+    p.add_argument("--grad-exchange", choices=["host", "device"], default="host",
+                   help="reduce gradients from host buffers (works everywhere) or in device "
+                   "memory (a CUDA-aware MPI on GPUs; sim's memory on sim)")
+
+
+def _device_options(p):
+    p.add_argument("--device", default="cpu", help="cpu, sim (a modelled GPU) or cuda[:N]")
+    p.add_argument("--sim-memory", metavar="SIZE",
+                   help="the sim device's memory budget, e.g. 512MB or 2GiB (default: none)")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="cap the GPU memory minidl uses "
+                   "(default: $MINIDL_GPU_MEMORY_LIMIT, else all of it)")
 
 
 def _train(a):
@@ -85,7 +99,10 @@ def _bench(a):
     comm = distributed.init()
     if a.nproc is not None and a.nproc != comm.size:
         raise ValueError(f"--nproc is {a.nproc} but this job runs {comm.size} rank(s)")
-    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup, comm=comm)
+    device = from_options(distributed.local_device(a.device, comm), a.sim_memory,
+                          a.gpu_memory)
+    r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup, device=device,
+                  comm=comm, exchange=a.grad_exchange)
     if comm.rank == 0:
         print(json.dumps(r) if a.json else bench.format_report(r))
     return 0
@@ -94,7 +111,7 @@ def _bench(a):
 def _plan(a):
     from minidl import models
     from minidl.plan import make_plan
-    plan = make_plan(models.build(a.model, seed=None), a.batch_size)
+    plan = make_plan(models.build(a.model, seed=None), a.batch_size, device=a.device)
     print(plan.to_json(indent=1) if a.json else plan)
     return 0
 
@@ -145,12 +162,14 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--threads", type=int)
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    _device_options(b)
     _nproc_argument(b)
     b.set_defaults(run=_bench)
     pl = sub.add_parser("plan", help="print the plan of a model")
     pl.add_argument("--model", default="cifar10_quick")
     pl.add_argument("--batch-size", type=int, default=100)
     pl.add_argument("--json", action="store_true")
+    pl.add_argument("--device", default="cpu", help="the device the plan is for")
     pl.set_defaults(run=_plan)
     m = sub.add_parser("models", help="list the models with their parameter counts")
     m.set_defaults(run=_models)
@@ -171,7 +190,7 @@ def main(argv=None) -> int:
     try:
         comm = distributed.init()
         return distributed.run_or_abort(comm, a.run, a)
-    except (ValueError, KeyError, RuntimeError, OSError) as e:
+    except (ValueError, KeyError, RuntimeError, OSError, OutOfDeviceMemory) as e:
         print(f"minidl {a.command}: error: {e}", file=sys.stderr)
         return 1
 

@@ -9,18 +9,19 @@ function here is a no-op, so the training loop never branches on it:
   imported only in the first case (``pip install minidl[mpi]``).
 - ``Comm.broadcast(arrays)`` copies rank 0's arrays to every rank (initial
   parameters and buffers).
-- ``GradientReducer`` averages the gradients across ranks in buckets: a bucket's
+- ``GradientReducer`` sums the gradients across ranks in buckets: a bucket's
   non-blocking allreduce starts as soon as backward has produced all of its
   gradients, so the exchange overlaps the rest of backward; ``finish()`` waits.
 - ``Comm.allreduce`` sums small arrays (metrics, synchronised BatchNorm statistics).
 - ``Comm.check_same(what, value)``: a clear error when ranks disagree (model, data,
   configuration) before training starts.
 
-Gradients are exchanged through host memory (the arrays' own buffers), which works
-with every MPI library.  The local batches of one global batch may differ in size
-(the last batch of an epoch); each rank scales its loss gradient by
-``local_batch * size / global_batch`` (``Comm.grad_scale``) so that the average
-over ranks is exactly the gradient of the mean loss over the global batch.
+Gradients are exchanged through host memory by default, which works with every
+MPI library, or in place in device memory (``exchange="device"``) where the MPI
+library can read it.  Each rank scales its loss gradient by ``local_batch /
+global_batch`` (``Comm.grad_scale``; the local batches of the last global batch of
+an epoch may differ in size), so the sum over the ranks is exactly the gradient of
+the mean loss over the global batch.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from minidl.device import copy_into, zeros_like
 
 # variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm) set in every rank
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
@@ -96,7 +99,9 @@ class Comm:
         return range(self.rank * n // self.size, (self.rank + 1) * n // self.size)
 
     def grad_scale(self, local: int, total: int) -> float:
-        return local * self.size / total
+        """The factor on a rank's mean-loss gradient that makes the sum over the ranks
+        the gradient of the mean loss over the global batch of `total` samples."""
+        return local / total
 
 
 class MPIComm(Comm):
@@ -175,36 +180,80 @@ def run_or_abort(comm: Comm, fn, *args, **kwargs):
         comm.abort(1)
 
 
+EXCHANGES = ("host", "device")
+
+
+def local_device(spec: str, comm: Comm) -> str:
+    """The device a rank uses: "cuda" without an index becomes this rank's local GPU,
+    cuda:(local_rank mod GPUs on the host); anything else is kept."""
+    if spec != "cuda" or comm.size == 1:
+        return spec
+    try:
+        from minidl import _cuda
+        count = _cuda.device_count()
+    except (ImportError, RuntimeError):
+        return spec  # the device layer reports what is missing
+    return f"cuda:{comm.local_rank % max(count, 1)}"
+
+
+def cuda_aware(comm: Comm) -> bool:
+    """Whether the MPI library reads and writes GPU memory itself."""
+    query = getattr(getattr(comm, "MPI", None), "Query_cuda_support", None)
+    return bool(query and query())
+
+
 class GradientReducer:
-    """Averages the gradients of `net`'s parameters across the ranks of `comm`.
+    """Sums the gradients of `net`'s parameters over the ranks of `comm` (the executor
+    has scaled each rank's loss gradient by its share of the global batch, so the sum
+    is the gradient of the global batch's mean loss).
 
-    Parameters are grouped, in the order backward produces them (the reverse of
-    the plan), into buckets of about `bucket_bytes`.  The executor calls
-    ``ready(step)`` after each step's backward; a bucket whose gradients are all
-    there is packed into its flat buffer and its non-blocking allreduce starts.
-    ``finish()`` starts what is left, waits for every bucket, and writes the averages
-    back into each parameter's ``.grad``.  With one process it does nothing."""
+    exchange="host" (the default, works with every MPI library): parameters are
+    grouped, in the order backward produces them (the reverse of the plan), into
+    buckets of about `bucket_bytes` with a flat host buffer each (page-locked for a
+    GPU).  The executor calls ``ready(step)`` after each step's backward; a bucket
+    whose gradients are all there is copied into its buffer and its non-blocking
+    allreduce starts.  ``finish()`` starts what is left, waits for every bucket and
+    copies the sums back into each parameter's ``.grad``, wherever it lives.
 
-    def __init__(self, net, comm: Comm, bucket_bytes: int = 1 << 18):
-        self.comm = comm
+    exchange="device": each gradient is reduced in place in device memory as soon as
+    its step's backward has run, one allreduce per tensor, with no host copies: on a
+    GPU this needs a CUDA-aware MPI; on `sim` MPI reads the simulated device memory.
+
+    With one process it does nothing."""
+
+    def __init__(self, net, comm: Comm, bucket_bytes: int = 1 << 18, exchange: str = "host"):
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
+        self.comm, self.exchange = comm, exchange
         self.buckets: List[dict] = []
         self._bucket_of: Dict[str, List[int]] = {}
         if comm.size == 1:
             return
+        self.device = net.device
+        if exchange == "device":
+            if self.device.kind == "cpu":
+                raise ValueError("exchange 'device' needs a device other than the cpu "
+                                 "(on the cpu, 'host' already reduces in place)")
+            if self.device.kind == "cuda" and not cuda_aware(comm):
+                raise ValueError("exchange 'device' on a GPU needs a CUDA-aware MPI library; "
+                                 "this one is not: use exchange 'host'")
+        layers = reversed(list(net.layers()))
         current: Optional[dict] = None
-        for name, node in reversed(list(net.layers())):
+        for name, node in layers:
             params = list(node.layer.params.values())
             if not params:
                 continue
-            if current is None or current["bytes"] >= bucket_bytes:
+            if exchange == "device" or current is None or current["bytes"] >= bucket_bytes:
                 current = {"params": [], "steps": set(), "bytes": 0}
                 self.buckets.append(current)
             current["params"] += params
             current["steps"].add(name)
             current["bytes"] += sum(p.data.nbytes for p in params)
             self._bucket_of.setdefault(name, []).append(len(self.buckets) - 1)
-        for b in self.buckets:
-            b["buffer"] = np.empty(b["bytes"] // 4, np.float32)
+        if exchange == "host":
+            for b in self.buckets:
+                b["buffer"] = self.device.pinned_empty((b["bytes"] // 4,)) \
+                    if self.device.kind != "cpu" else np.empty(b["bytes"] // 4, np.float32)
         self._reset()
 
     def _reset(self):
@@ -219,16 +268,32 @@ class GradientReducer:
                 self._start(i)
         self.comm.test(self._requests)
 
-    def _start(self, i: int) -> None:
-        b = self.buckets[i]
+    def _grads(self, b):
+        """(parameter, its gradient, offset in the bucket) of bucket b; a parameter that
+        received no gradient this step gets zeros where it lives."""
         offset = 0
         for p in b["params"]:
-            n = p.data.size
-            b["buffer"][offset:offset + n] = p.grad.reshape(-1)
-            offset += n
+            if p.grad is None:
+                p.grad = zeros_like(p.data)
+            yield p, p.grad, offset
+            offset += p.data.size
+
+    def _start(self, i: int) -> None:
+        b = self.buckets[i]
         self._started[i] = True
-        self._requests.append(self.comm.iallreduce(b["buffer"]))
-        self.comm.bytes_reduced += b["buffer"].nbytes
+        self.comm.bytes_reduced += b["bytes"]
+        if self.exchange == "device":
+            for _, g, _ in self._grads(b):
+                self._requests.append(self.comm.iallreduce(self.device.exchange_buffer(g)))
+            return
+        buf = b["buffer"]
+        for _, g, o in self._grads(b):
+            view = buf[o:o + g.size]
+            if isinstance(g, np.ndarray):
+                view[...] = g.reshape(-1)
+            else:
+                g.device.to_host(g, out=view.reshape(g.shape))
+        self._requests.append(self.comm.iallreduce(buf))
 
     def finish(self) -> None:
         if self.comm.size == 1:
@@ -239,13 +304,10 @@ class GradientReducer:
         t0 = time.perf_counter()
         self.comm.wait(self._requests)
         self.comm.wait_s += time.perf_counter() - t0
-        scale = np.float32(1.0 / self.comm.size)
-        for b in self.buckets:
-            offset = 0
-            for p in b["params"]:
-                n = p.data.size
-                p.grad = (b["buffer"][offset:offset + n] * scale).reshape(p.data.shape)
-                offset += n
+        if self.exchange == "host":
+            for b in self.buckets:
+                for p, g, o in self._grads(b):
+                    copy_into(g, b["buffer"][o:o + g.size].reshape(g.shape))
         self._reset()
 
     @property

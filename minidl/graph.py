@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from minidl import nn
+from minidl.device import Device, asnumpy, copy_into, device_of, get_device
 from minidl.nn.layers import Layer, Parameter, Shape, ShapeError
 
 INPUT = "input"
@@ -109,10 +110,10 @@ class Net:
         return sum(p.data.size for p in self.parameters().values())
 
     def state_dict(self) -> Dict[str, np.ndarray]:
-        """Copies of every parameter and buffer under their names."""
-        d = {k: p.data.copy() for k, p in self.parameters().items()}
-        d.update({k: b.copy() for k, b in self.buffers().items()})
-        return d
+        """Host copies of every parameter and buffer under their names, wherever they live."""
+        d = {k: p.data for k, p in self.parameters().items()}
+        d.update(self.buffers())
+        return {k: a.copy() if isinstance(a, np.ndarray) else asnumpy(a) for k, a in d.items()}
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Copies values in; every name must be present with its exact shape, and no others."""
@@ -127,7 +128,22 @@ class Net:
             src = np.asarray(state[k])
             if src.shape != dst.shape:
                 raise ValueError(f"{k}: expected shape {dst.shape}, got {src.shape}")
-            dst[...] = src
+            copy_into(dst, src)
+
+    def to(self, device) -> "Net":
+        """Moves every parameter and float32 buffer to device ("cpu", "sim", "cuda:0" or
+        a Device) with explicit copies; gradients are dropped.  Returns self."""
+        dev = get_device(device)
+        for _, n in self.layers():
+            n.layer.to(dev)
+        return self
+
+    @property
+    def device(self) -> Device:
+        """The device of the parameters (cpu for a net without any)."""
+        for p in self.parameters().values():
+            return device_of(p.data)
+        return get_device("cpu")
 
     def initialize(self, seed: int) -> "Net":
         """Draws every parameter from its initialiser with one Generator seeded by seed,

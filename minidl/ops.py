@@ -11,15 +11,26 @@ optimizer state) are never converted: they must already be C-contiguous,
 writable float32 arrays of the exact shape, or the op raises.  Wrong ranks,
 mismatched shapes and bad hyper-parameters raise ValueError naming the
 argument and the value expected.  NaN and Inf flow through like any number.
+
+Devices: every op also takes arrays of one device (minidl.device: sim, cuda) and
+runs there, its results staying on that device; operands on different devices
+raise ValueError (copies are explicit: device.to_device / device.to_host).  On a
+device, inputs must already be float32 (nothing is converted there).  `device=`
+("sim", "cuda:0", a Device) runs an op on that device, copying its host inputs
+there first (counted); arrays an op updates in place must already be there.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 from typing import Optional, Tuple, Union
 
 import numpy as np
 
 from minidl import _C
+from minidl.device import DeviceArray, get_device
+from minidl.device import fill as _fill
 
 IntPair = Union[int, Tuple[int, int]]
 
@@ -38,33 +49,83 @@ __all__ = [
 # ---- argument checking (shared by every op) ----------------------------------
 
 
+def _not_array(name: str, a) -> TypeError:
+    return TypeError(f"{name} must be a numpy.ndarray or a device array, got {type(a).__name__}")
+
+
 def _input(name: str, a, ndim: Optional[int] = None, layout: str = "") -> np.ndarray:
-    """A read-only operand as a C-contiguous float32 array (converted if needed)."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    """A read-only operand as a C-contiguous float32 array (converted if needed; device
+    arrays are always C-contiguous and must already be float32)."""
+    host = isinstance(a, np.ndarray)
+    if not host and not isinstance(a, DeviceArray):
+        raise _not_array(name, a)
     if a.dtype != np.float32:
-        if a.dtype.kind != "f":
+        if a.dtype.kind != "f" or not host:
             raise TypeError(f"{name} must be a float32 array, got dtype {a.dtype}")
         a = a.astype(np.float32)
     if ndim is not None and a.ndim != ndim:
         what = f" {layout}" if layout else ""
         raise ValueError(f"{name} must be {ndim}-D{what}, got shape {a.shape}")
-    return np.ascontiguousarray(a)
+    return np.ascontiguousarray(a) if host else a
 
 
 def _inout(name: str, a, shape: Tuple[int, ...]) -> np.ndarray:
     """An array updated in place: must be C-contiguous, writable float32 of `shape`."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    host = isinstance(a, np.ndarray)
+    if not host and not isinstance(a, DeviceArray):
+        raise _not_array(name, a)
     if a.dtype != np.float32:
         raise TypeError(f"{name} must be a float32 array (it is updated in place), got dtype {a.dtype}")
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
-    if not a.flags.c_contiguous:
+    if host and not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous (it is updated in place)")
-    if not a.flags.writeable:
+    if host and not a.flags.writeable:
         raise ValueError(f"{name} must be writable (it is updated in place)")
     return a
+
+
+def _kernels(**operands):
+    """The kernels for the operands' device (minidl._C for NumPy arrays); all operands
+    (None skipped) must live on one device."""
+    for a in operands.values():
+        if a is not None and type(a) is not np.ndarray:
+            break
+    else:
+        return _C  # the NumPy path
+    devices = {None if isinstance(a, np.ndarray) else a.device
+               for a in operands.values() if a is not None}
+    if len(devices) > 1:
+        where = ", ".join(f"{k} on {'cpu (NumPy)' if isinstance(a, np.ndarray) else a.device.name}"
+                          for k, a in operands.items() if a is not None)
+        raise ValueError(f"operands must be on one device, got {where}; move them explicitly "
+                         f"(device.to_device / device.to_host)")
+    return devices.pop().kernels
+
+
+def _empty(like, shape, dtype=np.float32):
+    """An uninitialised output on like's device."""
+    return np.empty(shape, dtype) if isinstance(like, np.ndarray) else like.device.empty(shape, dtype)
+
+
+def _workspace(k, like, size_fn: str, *args):
+    """Scratch for a device kernel (None on the host and where kernels take their own)."""
+    return None if k is _C else like.device.workspace(getattr(k, size_fn)(*args))
+
+
+def _overlap(a, b) -> bool:
+    if isinstance(a, DeviceArray) or isinstance(b, DeviceArray):
+        return getattr(a, "mem", None) is getattr(b, "mem", 0)
+    return np.shares_memory(a, b)
+
+
+def _shape_arg(name: str, x, ndim: int, layout: str) -> Tuple[int, ...]:
+    """The shape of x, or x itself when it is a shape tuple (ops that need only x's shape)."""
+    if isinstance(x, tuple):
+        if len(x) != ndim or not all(isinstance(d, numbers.Integral) and d >= 0 for d in x):
+            raise ValueError(f"{name} must be a {ndim}-D array {layout} or its shape, got {x!r}")
+        return tuple(int(d) for d in x)
+    return _input(name, x, ndim, layout).shape
 
 
 def _int(name: str, v, minimum: int) -> int:
@@ -126,13 +187,15 @@ def sgemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool 
     if out is None:
         if beta != 0.0:
             raise ValueError("sgemm: beta != 0 needs out (the matrix it scales)")
-        out = np.empty((m, n), np.float32)
+        out = _empty(a, (m, n))  # on a's device; a device check follows
     else:
         _inout("out", out, (m, n))
-        if np.shares_memory(out, a) or np.shares_memory(out, b):
+        if _overlap(out, a) or _overlap(out, b):
             raise ValueError("sgemm: out must not overlap a or b")
-    _C.sgemm(bool(trans_a), bool(trans_b), m, n, k, alpha, a.reshape(-1), max(a.shape[1], 1),
-             b.reshape(-1), max(b.shape[1], 1), beta, out.reshape(-1), max(n, 1))
+    kern = _kernels(a=a, b=b, out=out)
+    kern.sgemm(bool(trans_a), bool(trans_b), m, n, k, alpha, a.reshape(-1), max(a.shape[1], 1),
+               b.reshape(-1), max(b.shape[1], 1), beta, out.reshape(-1), max(n, 1),
+               _workspace(kern, a, "sgemm_workspace_size", m, n, k))
     return out
 
 
@@ -179,21 +242,24 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
         b = _input("b", b, 1, "(C_out,)")
         if b.shape != (c_out,):
             raise ValueError(f"b must have shape (C_out,) = ({c_out},), got {b.shape}")
-    y = np.empty((x.shape[0], c_out, ho, wo), np.float32)
+    k = _kernels(x=x, w=w, b=b)
+    y = _empty(x, (x.shape[0], c_out, ho, wo))
     if x.shape[0] == 0:
         return y
-    _C.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1))
+    k.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1),
+                     _workspace(k, x, "conv2d_workspace_size", shape))
     return y
 
 
 def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: IntPair = 1,
-                    padding: IntPair = 0, need_dx: bool = True
-                    ) -> Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]:
+                    padding: IntPair = 0, need_dx: bool = True, need_db: bool = True
+                    ) -> Tuple[Optional[np.ndarray], np.ndarray, Optional[np.ndarray]]:
     """Gradients of conv2d(x, w, b, stride=stride, padding=padding) given dy = dL/dy.
 
     x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), dy: (N, C_out, H_out, W_out), exactly
     the output shape.  Returns (dx, dw, db) with the shapes of x, w and (C_out,);
-    dx is None when need_dx is False (a network's first layer needs no input gradient).
+    dx is None when need_dx is False (a network's first layer needs no input gradient)
+    and db None when need_db is False (a convolution without bias).
     """
     x = _input("x", x, 4, "(N, C_in, H, W)")
     w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
@@ -203,19 +269,25 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
     if dy.shape != (n, c_out, ho, wo):
         raise ValueError(f"dy must have the output shape (N, C_out, H_out, W_out) = "
                          f"{(n, c_out, ho, wo)}, got {dy.shape}")
-    dx = np.empty_like(x) if need_dx else None
-    dw = np.empty_like(w)
-    db = np.empty(c_out, np.float32)
+    k = _kernels(x=x, w=w, dy=dy)
+    dx = _empty(x, x.shape) if need_dx else None
+    dw = _empty(x, w.shape)
+    db = _empty(x, (c_out,)) if need_db else None
     if n == 0:
-        dw.fill(0.0)
-        db.fill(0.0)
+        for a in (dw, db):
+            if a is not None:
+                _fill(a, 0.0)
         return dx, dw, db
     # one workspace for both calls that need one
-    ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+    if k is _C:
+        ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+    else:
+        ws = _workspace(k, x, "conv2d_workspace_size", shape)
     if need_dx:
-        _C.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
-    _C.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
-    _C.conv2d_backward_bias(shape, dy.reshape(-1), db)
+        k.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
+    k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
+    if need_db:
+        k.conv2d_backward_bias(shape, dy.reshape(-1), db)
     return dx, dw, db
 
 
@@ -224,8 +296,11 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
 
 def _pool_args(x, kernel_size, stride, padding, ceil_mode):
     """x as (N, C, H, W) float32 and the 11-tuple shape of the C API, after the checks
-    PyTorch makes (with messages naming the argument)."""
-    x = _input("x", x, 4, "(N, C, H, W)")
+    PyTorch makes (with messages naming the argument).  x may be a shape tuple where
+    only its shape is needed (it is returned as is then)."""
+    x_shape = _shape_arg("x", x, 4, "(N, C, H, W)")
+    if not isinstance(x, tuple):
+        x = _input("x", x, 4, "(N, C, H, W)")
     kh, kw = _pair("kernel_size", kernel_size, 1)
     sh, sw = (kh, kw) if stride is None else _pair("stride", stride, 1)
     ph, pw = _pair("padding", padding, 0)
@@ -234,20 +309,21 @@ def _pool_args(x, kernel_size, stride, padding, ceil_mode):
                          f"({kh // 2}, {kw // 2}) for kernel_size ({kh}, {kw}), got ({ph}, {pw})")
     if not isinstance(ceil_mode, (bool, np.bool_)):
         raise TypeError(f"ceil_mode must be a bool, got {ceil_mode!r}")
-    n, c, h, w = x.shape
+    n, c, h, w = x_shape
     if h == 0 or w == 0:
-        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
+        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x_shape}")
     geometry = (h, w, kh, kw, sh, sw, ph, pw, int(bool(ceil_mode)))
     # the output size (PyTorch's rule, ceil mode included) comes from the C core, which
     # raises "output too small" when it is < 1; it does not depend on n and c
     return x, (n, c) + geometry, _C.pool2d_output_size((1, 1) + geometry)
 
 
-def _pool_forward(c_forward, x, kernel_size, stride, padding, ceil_mode) -> np.ndarray:
+def _pool_forward(kernel: str, x, kernel_size, stride, padding, ceil_mode) -> np.ndarray:
     x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
-    y = np.empty(x.shape[:2] + (ho, wo), np.float32)
+    k = _kernels(x=x)
+    y = _empty(x, x.shape[:2] + (ho, wo))
     if y.size:
-        c_forward(shape, x.reshape(-1), y.reshape(-1))
+        getattr(k, kernel)(shape, x.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -264,7 +340,7 @@ def max_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair]
     (N, C, H_out, W_out).  kernel_size, stride, padding: int or (h, w); stride None
     means kernel_size; padding (never the maximum) at most kernel_size // 2.  NaN
     propagates; ties go to the first element in row-major window order."""
-    return _pool_forward(_C.max_pool2d_forward, x, kernel_size, stride, padding, ceil_mode)
+    return _pool_forward("max_pool2d_forward", x, kernel_size, stride, padding, ceil_mode)
 
 
 def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
@@ -272,11 +348,15 @@ def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
                         ceil_mode: bool = False) -> np.ndarray:
     """dx (N, C, H, W) for max_pool2d(x, ...): dy (N, C, H_out, W_out) goes to each
     window's maximum (recomputed from x), summed where windows overlap."""
+    if isinstance(x, tuple):
+        raise TypeError("x must be a numpy.ndarray or a device array (max pooling's backward "
+                        "reads its values), got tuple")
     x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
     dy = _pool_dy(dy, x.shape[0], x.shape[1], ho, wo)
-    dx = np.empty_like(x)
+    k = _kernels(x=x, dy=dy)
+    dx = _empty(x, x.shape)
     if dx.size:
-        _C.max_pool2d_backward(shape, x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+        k.max_pool2d_backward(shape, x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -286,19 +366,20 @@ def avg_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair]
     count_include_pad=True]: x (N, C, H, W) -> (N, C, H_out, W_out).  Arguments as
     for max_pool2d; in ceil mode a window reaching past the padded input divides by
     the part that lies inside it, as PyTorch does."""
-    return _pool_forward(_C.avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode)
+    return _pool_forward("avg_pool2d_forward", x, kernel_size, stride, padding, ceil_mode)
 
 
 def avg_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
                         stride: Optional[IntPair] = None, padding: IntPair = 0,
                         ceil_mode: bool = False) -> np.ndarray:
     """dx (N, C, H, W) for avg_pool2d(x, ...), dy (N, C, H_out, W_out); x gives
-    only the shape."""
-    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
-    dy = _pool_dy(dy, x.shape[0], x.shape[1], ho, wo)
-    dx = np.empty_like(x)
+    only the shape (an array or its shape tuple); dx is on dy's device."""
+    _, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    dy = _pool_dy(dy, shape[0], shape[1], ho, wo)
+    k = _kernels(dy=dy)
+    dx = _empty(dy, shape[:4])
     if dx.size:
-        _C.avg_pool2d_backward(shape, dy.reshape(-1), dx.reshape(-1))
+        k.avg_pool2d_backward(shape, dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -308,24 +389,26 @@ def global_avg_pool2d(x: np.ndarray) -> np.ndarray:
     n, c, h, w = x.shape
     if h == 0 or w == 0:
         raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
-    y = np.empty((n, c), np.float32)
+    k = _kernels(x=x)
+    y = _empty(x, (n, c))
     if y.size:
-        _C.global_avg_pool2d_forward(n, c, h, w, x.reshape(-1), y.reshape(-1))
+        k.global_avg_pool2d_forward(n, c, h, w, x.reshape(-1), y.reshape(-1))
     return y
 
 
 def global_avg_pool2d_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dx (N, C, H, W) = dy (N, C) / (H * W) broadcast; x gives only the shape."""
-    x = _input("x", x, 4, "(N, C, H, W)")
-    n, c, h, w = x.shape
+    """dx (N, C, H, W) = dy (N, C) / (H * W) broadcast; x gives only the shape (an
+    array or its shape tuple); dx is on dy's device."""
+    n, c, h, w = x_shape = _shape_arg("x", x, 4, "(N, C, H, W)")
     if h == 0 or w == 0:
-        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x.shape}")
+        raise ValueError(f"x must have H >= 1 and W >= 1, got shape {x_shape}")
     dy = _input("dy", dy, 2, "(N, C)")
     if dy.shape != (n, c):
         raise ValueError(f"dy must have shape (N, C) = {(n, c)}, got {dy.shape}")
-    dx = np.empty_like(x)
+    k = _kernels(dy=dy)
+    dx = _empty(dy, x_shape)
     if dx.size:
-        _C.global_avg_pool2d_backward(n, c, h, w, dy.reshape(-1), dx.reshape(-1))
+        k.global_avg_pool2d_backward(n, c, h, w, dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -335,8 +418,9 @@ def global_avg_pool2d_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
 def relu(x: np.ndarray) -> np.ndarray:
     """max(x, 0), any shape [torch.nn.functional.relu]."""
     x = _input("x", x)
-    y = np.empty_like(x)
-    _C.relu_forward(x.reshape(-1), y.reshape(-1))
+    k = _kernels(x=x)
+    y = _empty(x, x.shape)
+    k.relu_forward(x.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -346,8 +430,9 @@ def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     dy = _input("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
-    dx = np.empty_like(x)
-    _C.relu_backward(x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    k = _kernels(x=x, dy=dy)
+    dx = _empty(x, x.shape)
+    k.relu_backward(x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -357,8 +442,9 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     b = _input("b", b)
     if a.shape != b.shape:
         raise ValueError(f"b must have the shape of a {a.shape} (no broadcasting), got {b.shape}")
-    y = np.empty_like(a)
-    _C.add(a.reshape(-1), b.reshape(-1), y.reshape(-1))
+    k = _kernels(a=a, b=b)
+    y = _empty(a, a.shape)
+    k.add(a.reshape(-1), b.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -376,8 +462,9 @@ def dropout(x: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray:
     function of (seed, element index), so dropout_backward recomputes it."""
     x = _input("x", x)
     p = _float("p", p, 0.0, 1.0, hi_open=True)
-    y = np.empty_like(x)
-    _C.dropout_forward(p, _seed(seed), x.reshape(-1), y.reshape(-1))
+    k = _kernels(x=x)
+    y = _empty(x, x.shape)
+    k.dropout_forward(p, _seed(seed), x.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -385,8 +472,9 @@ def dropout_backward(dy: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray
     """dx for dropout(x, p, seed=seed): dy masked and scaled the same way."""
     dy = _input("dy", dy)
     p = _float("p", p, 0.0, 1.0, hi_open=True)
-    dx = np.empty_like(dy)
-    _C.dropout_backward(p, _seed(seed), dy.reshape(-1), dx.reshape(-1))
+    k = _kernels(dy=dy)
+    dx = _empty(dy, dy.shape)
+    k.dropout_backward(p, _seed(seed), dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -405,9 +493,11 @@ def _bn_x(x) -> Tuple[np.ndarray, int, int, int]:
     return x, n, c, x.size // (n * c)
 
 
-def _bn_param(name: str, a, c: int, fill: Optional[float] = None) -> np.ndarray:
-    """A per-channel (C,) operand; None means `fill` where that is allowed."""
+def _bn_param(name: str, a, c: int, fill: Optional[float] = None, like=None) -> np.ndarray:
+    """A per-channel (C,) operand; None means `fill` (on like's device) where allowed."""
     if a is None and fill is not None:
+        if isinstance(like, DeviceArray):
+            return like.device.full((c,), fill)
         return np.full(c, fill, np.float32)
     a = _input(name, a, 1, "(C,)")
     if a.shape != (c,):
@@ -431,11 +521,12 @@ def batch_norm(x: np.ndarray, gamma: Optional[np.ndarray], beta: Optional[np.nda
     Running statistics must be C-contiguous, writable float32 (C,) arrays.
     Returns (y like x, mean (C,), invstd (C,)) where invstd = 1 / sqrt(var + eps):
     the batch statistics in training (what batch_norm_backward takes), else
-    copies of running_mean and 1 / sqrt(running_var + eps).
+    copies of running_mean and 1 / sqrt(running_var + eps) -- on a device (None, None)
+    instead: inference keeps its statistics in running_mean and running_var.
     """
     x, n, c, hw = _bn_x(x)
-    gamma = _bn_param("gamma", gamma, c, 1.0)
-    beta = _bn_param("beta", beta, c, 0.0)
+    gamma = _bn_param("gamma", gamma, c, 1.0, x)
+    beta = _bn_param("beta", beta, c, 0.0, x)
     if not isinstance(training, (bool, np.bool_)):
         raise TypeError(f"training must be a bool, got {training!r}")
     eps = _float("eps", eps, 0.0, np.inf, hi_open=True)
@@ -445,23 +536,28 @@ def batch_norm(x: np.ndarray, gamma: Optional[np.ndarray], beta: Optional[np.nda
     if running_mean is not None:
         _inout("running_mean", running_mean, (c,))
         _inout("running_var", running_var, (c,))
-        if np.shares_memory(running_mean, running_var):
+        if _overlap(running_mean, running_var):
             raise ValueError("running_mean and running_var must not overlap")
-    y = np.empty_like(x)
+    k = _kernels(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
+                 running_var=running_var)
     if training:
         momentum = _float("momentum", momentum, 0.0, 1.0)
         if n * hw <= 1:
             raise ValueError(f"expected more than 1 value per channel when training, "
                              f"got x of shape {x.shape}")
-        mean = np.empty(c, np.float32)
-        invstd = np.empty(c, np.float32)
-        _C.batch_norm_forward_train(n, c, hw, x.reshape(-1), gamma, beta, eps, momentum,
-                                    running_mean, running_var, y.reshape(-1), mean, invstd)
+        y = _empty(x, x.shape)
+        mean = _empty(x, (c,))
+        invstd = _empty(x, (c,))
+        k.batch_norm_forward_train(n, c, hw, x.reshape(-1), gamma, beta, eps, momentum,
+                                   running_mean, running_var, y.reshape(-1), mean, invstd)
         return y, mean, invstd
     if running_mean is None:
         raise ValueError("batch_norm with training=False needs running_mean and running_var")
-    _C.batch_norm_forward_infer(n, c, hw, x.reshape(-1), gamma, beta, running_mean,
-                                running_var, eps, y.reshape(-1))
+    y = _empty(x, x.shape)
+    k.batch_norm_forward_infer(n, c, hw, x.reshape(-1), gamma, beta, running_mean,
+                               running_var, eps, y.reshape(-1))
+    if k is not _C:
+        return y, None, None
     invstd = (1.0 / np.sqrt(running_var.astype(np.float64) + eps)).astype(np.float32)
     return y, running_mean.copy(), invstd
 
@@ -481,13 +577,14 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
     dy = _input("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
-    gamma = _bn_param("gamma", gamma, c, 1.0)
+    gamma = _bn_param("gamma", gamma, c, 1.0, x)
     mean = _bn_param("mean", mean, c)
     invstd = _bn_param("invstd", invstd, c)
-    dx = np.empty_like(x)
-    dgamma = np.empty(c, np.float32)
-    dbeta = np.empty(c, np.float32)
-    _C.batch_norm_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean, invstd,
+    k = _kernels(x=x, gamma=gamma, dy=dy, mean=mean, invstd=invstd)
+    dx = _empty(x, x.shape)
+    dgamma = _empty(x, (c,))
+    dbeta = _empty(x, (c,))
+    k.batch_norm_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean, invstd,
                            dx.reshape(-1), dgamma, dbeta)
     return dx, dgamma, dbeta
 
@@ -498,7 +595,7 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
 def _linear_args(x, w):
     """x (*, in) and w (out, in) checked and as float32, with out, in, the leading
     dimensions of x and their product."""
-    if isinstance(x, np.ndarray) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
+    if isinstance(x, (np.ndarray, DeviceArray)) and x.ndim < 1:  # before _input: it makes 0-D arrays 1-D
         raise ValueError(f"x must have at least 1 dimension (*, in), got shape {x.shape}")
     x = _input("x", x)
     w = _input("w", w, 2, "(out, in)")
@@ -521,8 +618,10 @@ def linear(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.n
         b = _input("b", b, 1, "(out,)")
         if b.shape != (out_f,):
             raise ValueError(f"b must have shape ({out_f},), got {b.shape}")
-    y = np.empty(lead + (out_f,), np.float32)
-    _C.linear_forward(n, in_f, out_f, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1))
+    k = _kernels(x=x, w=w, b=b)
+    y = _empty(x, lead + (out_f,))
+    k.linear_forward(n, in_f, out_f, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1),
+                     _workspace(k, x, "linear_workspace_size", n, in_f, out_f))
     return y
 
 
@@ -539,12 +638,14 @@ def linear_backward(x: np.ndarray, w: np.ndarray,
     if dy.shape != lead + (out_f,):
         raise ValueError(f"dy must have shape {lead + (out_f,)} (x's leading dimensions, out), "
                          f"got {dy.shape}")
-    dx = np.empty(x.shape, np.float32)
-    dw = np.empty((out_f, in_f), np.float32)
-    db = np.empty((out_f,), np.float32)
-    _C.linear_backward_data(n, in_f, out_f, dy.reshape(-1), w.reshape(-1), dx.reshape(-1))
-    _C.linear_backward_weights(n, in_f, out_f, x.reshape(-1), dy.reshape(-1), dw.reshape(-1),
-                               db.reshape(-1), False)
+    k = _kernels(x=x, w=w, dy=dy)
+    dx = _empty(x, x.shape)
+    dw = _empty(x, (out_f, in_f))
+    db = _empty(x, (out_f,))
+    ws = _workspace(k, x, "linear_workspace_size", n, in_f, out_f)
+    k.linear_backward_data(n, in_f, out_f, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
+    k.linear_backward_weights(n, in_f, out_f, x.reshape(-1), dy.reshape(-1), dw.reshape(-1),
+                              db.reshape(-1), False, ws)
     return dx, dw, db
 
 # ---- loss -------------------------------------------------------------------------
@@ -556,13 +657,22 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> Tuple[float
 
     logits: (N, C) float; labels: (N,) integer class indices in [0, C), any integer
     dtype.  Returns (loss, dlogits): loss a Python float, dlogits (N, C) float32 =
-    (softmax(logits) - onehot(labels)) / N.
+    (softmax(logits) - onehot(labels)) / N.  On a device, labels must be int64 there
+    too, and their range is checked by the kernel.
     """
     logits = _input("logits", logits, 2, "(N, C)")
     n, c = logits.shape
     if n < 1 or c < 1:
         raise ValueError(f"logits must have N >= 1 rows and C >= 1 classes, "
                          f"got shape {logits.shape}")
+    if isinstance(labels, DeviceArray):
+        if labels.dtype != np.int64 or labels.shape != (n,):
+            raise TypeError(f"labels on a device must be int64 of shape ({n},), got "
+                            f"{labels.dtype} {labels.shape}")
+        k = _kernels(logits=logits, labels=labels)
+        dlogits = _empty(logits, logits.shape)
+        loss = k.softmax_cross_entropy(n, c, logits.reshape(-1), labels, dlogits.reshape(-1))
+        return float(loss), dlogits
     if not isinstance(labels, np.ndarray):
         raise TypeError(f"labels must be a numpy.ndarray, got {type(labels).__name__}")
     if labels.dtype.kind not in "iu":
@@ -576,8 +686,9 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> Tuple[float
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"labels[{i}] = {labels[i]} is out of range [0, {c})")
     labels = np.ascontiguousarray(labels, dtype=np.int64)
-    dlogits = np.empty_like(logits)
-    loss = _C.softmax_cross_entropy(n, c, logits.reshape(-1), labels, dlogits.reshape(-1))
+    k = _kernels(logits=logits, labels=labels)
+    dlogits = _empty(logits, logits.shape)
+    loss = k.softmax_cross_entropy(n, c, logits.reshape(-1), labels, dlogits.reshape(-1))
     return float(loss), dlogits
 
 
@@ -598,7 +709,7 @@ def _distinct(**arrays) -> None:
     items = [(k, a) for k, a in arrays.items() if a is not None]
     for i, (ka, a) in enumerate(items):
         for kb, b in items[i + 1:]:
-            if np.may_share_memory(a, b):
+            if _overlap(a, b):
                 raise ValueError(f"{ka} and {kb} must not share memory")
 
 
@@ -622,8 +733,8 @@ def sgd_step(param: np.ndarray, grad: np.ndarray, momentum_buffer: Optional[np.n
     if nesterov and (momentum <= 0.0 or dampening != 0.0):
         raise ValueError("Nesterov momentum requires a momentum and zero dampening "
                          f"(momentum={momentum}, dampening={dampening})")
-    if not isinstance(param, np.ndarray):
-        raise TypeError(f"param must be a numpy.ndarray, got {type(param).__name__}")
+    if not isinstance(param, (np.ndarray, DeviceArray)):
+        raise _not_array("param", param)
     _inout("param", param, param.shape)
     grad = _input("grad", grad)
     if grad.shape != param.shape:
@@ -633,8 +744,9 @@ def sgd_step(param: np.ndarray, grad: np.ndarray, momentum_buffer: Optional[np.n
     elif momentum != 0.0:
         raise ValueError(f"momentum_buffer is required when momentum != 0 (momentum={momentum})")
     _distinct(param=param, momentum_buffer=momentum_buffer)
-    _C.sgd_step(param.reshape(-1), grad.reshape(-1), _flat(momentum_buffer), lr, momentum,
-                dampening, weight_decay, bool(nesterov), bool(first_step))
+    k = _kernels(param=param, grad=grad, momentum_buffer=momentum_buffer)
+    k.sgd_step(param.reshape(-1), grad.reshape(-1), _flat(momentum_buffer), lr, momentum,
+               dampening, weight_decay, bool(nesterov), bool(first_step))
     return param
 
 
@@ -658,8 +770,8 @@ def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray,
     b2 = _hyper("Invalid beta parameter at index 1", betas[1], lambda v: 0.0 <= v < 1.0)
     weight_decay = _hyper("Invalid weight_decay value", weight_decay, lambda v: v >= 0.0)
     step = _int("step", step, 1)
-    if not isinstance(param, np.ndarray):
-        raise TypeError(f"param must be a numpy.ndarray, got {type(param).__name__}")
+    if not isinstance(param, (np.ndarray, DeviceArray)):
+        raise _not_array("param", param)
     _inout("param", param, param.shape)
     grad = _input("grad", grad)
     if grad.shape != param.shape:
@@ -667,6 +779,49 @@ def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray,
     _inout("exp_avg", exp_avg, param.shape)
     _inout("exp_avg_sq", exp_avg_sq, param.shape)
     _distinct(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
-    _C.adam_step(param.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1),
-                 exp_avg_sq.reshape(-1), step, lr, b1, b2, eps, weight_decay, bool(decoupled))
+    k = _kernels(param=param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    k.adam_step(param.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1),
+                exp_avg_sq.reshape(-1), step, lr, b1, b2, eps, weight_decay, bool(decoupled))
     return param
+
+
+# ---- device= ----------------------------------------------------------------------
+
+_IN_PLACE = {"sgemm": ("out",), "batch_norm": ("running_mean", "running_var"),
+             "sgd_step": ("param", "momentum_buffer"),
+             "adam_step": ("param", "exp_avg", "exp_avg_sq")}
+"""Arguments ops update in place: with device=, these must already be on the device."""
+
+
+def _with_device(f):
+    """f with a keyword device=: host NumPy operands are copied to that device first
+    (floating ones as float32), and f runs there.  Without device=, f unchanged."""
+    sig = inspect.signature(f)
+    in_place = _IN_PLACE.get(f.__name__, ())
+
+    @functools.wraps(f)
+    def op(*args, device=None, **kwargs):
+        if device is None:
+            return f(*args, **kwargs)
+        dev = get_device(device)
+        bound = sig.bind(*args, **kwargs)
+        for name, v in bound.arguments.items():
+            if isinstance(v, np.ndarray) and dev.kind != "cpu":
+                if name in in_place:
+                    raise ValueError(f"{f.__name__}(device={dev.name!r}): {name} is updated in "
+                                     f"place, so it must already be on {dev.name}, not a host "
+                                     f"array (device.to_device)")
+                if v.dtype.kind == "f":
+                    v = v.astype(np.float32, copy=False)
+                bound.arguments[name] = dev.to_device(v)
+        return f(*bound.args, **bound.kwargs)
+
+    params = list(sig.parameters.values())
+    op.__signature__ = sig.replace(parameters=params + [inspect.Parameter(
+        "device", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return op
+
+
+for _name in __all__:
+    globals()[_name] = _with_device(globals()[_name])
+del _name

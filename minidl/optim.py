@@ -14,13 +14,16 @@ from typing import Callable, Dict, Mapping, Sequence, Tuple
 import numpy as np
 
 from minidl import ops
+from minidl.device import asnumpy, copy_into, zeros_like
 from minidl.nn.layers import Parameter
 
 Schedule = Callable[[int], float]
 
 
 class Optimizer:
-    """Holds the parameters by name and per-parameter state arrays by name."""
+    """Holds the parameters by name and per-parameter state arrays by name.  State lives
+    where each parameter lives (create the optimizer after moving the net) and is
+    updated there; state_dict gives host arrays."""
 
     slots: Tuple[str, ...] = ()
 
@@ -31,7 +34,7 @@ class Optimizer:
         self.lr = float(lr)
         self.steps = 0  # steps taken
         self.state: Dict[str, Dict[str, np.ndarray]] = {
-            slot: {k: np.zeros_like(p.data) for k, p in self.params.items()}
+            slot: {k: zeros_like(p.data) for k, p in self.params.items()}
             for slot in self.slots}
 
     def step(self) -> None:
@@ -44,8 +47,9 @@ class Optimizer:
         raise NotImplementedError
 
     def state_dict(self) -> Dict[str, np.ndarray]:
-        """Flat arrays "<slot>.<param name>" plus "steps" (int64)."""
-        d = {f"{slot}.{k}": a for slot, arrays in self.state.items() for k, a in arrays.items()}
+        """Flat host arrays "<slot>.<param name>" plus "steps" (int64)."""
+        d = {f"{slot}.{k}": asnumpy(a) for slot, arrays in self.state.items()
+             for k, a in arrays.items()}
         d["steps"] = np.array(self.steps, np.int64)
         return d
 
@@ -61,7 +65,7 @@ class Optimizer:
                 if src.shape != a.shape:
                     raise ValueError(f"optimizer state {slot}.{k}: expected shape {a.shape}, "
                                      f"got {src.shape}")
-                a[...] = src
+                copy_into(a, src)
         self.steps = int(state["steps"])
 
 

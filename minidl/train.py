@@ -22,6 +22,7 @@ import numpy as np
 
 import minidl
 from minidl import checkpoint, data, distributed, models
+from minidl.device import from_options
 from minidl.nn.layers import BatchNorm2d
 from minidl.optim import OPTIMIZERS, make_schedule
 from minidl.plan import make_plan
@@ -53,8 +54,12 @@ class TrainConfig:
     limit_test: Optional[int] = None
     plot: bool = False
     progress: bool = True
+    device: str = "cpu"                # cpu, sim, cuda or cuda:N
+    sim_memory: Optional[str] = None   # the sim device's budget, e.g. "512MB"
+    gpu_memory: Optional[str] = None   # a cap on the GPU's memory, e.g. "4GiB"
     nproc: Optional[int] = None  # ranks of a data-parallel job (checked against MPI's)
     sync_bn: bool = False  # BatchNorm statistics over all ranks' batches
+    grad_exchange: str = "host"  # gradients reduced from host buffers or in device memory
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None filled in from the model's recipe."""
@@ -138,6 +143,8 @@ def train(config: TrainConfig, log=print) -> Dict:
     if comm.rank != 0:
         log = _quiet
         cfg = TrainConfig(**{**asdict(cfg), "progress": False})
+    device = from_options(distributed.local_device(cfg.device, comm), cfg.sim_memory,
+                          cfg.gpu_memory)  # fails early
     if cfg.threads is not None:
         minidl.set_num_threads(cfg.threads)
     elif comm.size > 1:  # share the host's cores among its ranks
@@ -154,14 +161,18 @@ def train(config: TrainConfig, log=print) -> Dict:
     comm.check_same("the model", (net.name, net.num_parameters()))
     comm.broadcast([p.data for p in net.parameters().values()] + list(net.buffers().values()))
     if cfg.sync_bn and comm.size > 1:
+        if device.kind != "cpu":
+            raise ValueError(f"--sync-bn runs on the cpu device only, not {device.name}")
         for _, node in net.layers():
             if isinstance(node.layer, BatchNorm2d):
                 node.layer.sync = comm
+    net.to(device)
     opt = _optimizer(cfg, net)
     local_batch = cfg.batch_size // comm.size
-    executor = Executor(net, make_plan(net, local_batch, optimizer_slots=len(opt.slots)),
+    executor = Executor(net, make_plan(net, local_batch, optimizer_slots=len(opt.slots),
+                                       device=device),
                         seed=cfg.seed + (comm.rank << 32))  # own dropout masks per rank
-    reducer = distributed.GradientReducer(net, comm)
+    reducer = distributed.GradientReducer(net, comm, exchange=cfg.grad_exchange)
     if comm.size > 1:
         executor.backward_hook = reducer.ready
     steps_per_epoch = len(train_loader)
@@ -186,10 +197,10 @@ def train(config: TrainConfig, log=print) -> Dict:
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
         f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
         f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads"
-        f"{' per rank' if comm.size > 1 else ''}{ranks}")
+        f"{' per rank' if comm.size > 1 else ''}, device {device.name}{ranks}")
     if comm.size > 1:  # so that a launcher's report of a dead process id names its rank
-        where = comm.allgather(f"{os.getpid()}@{socket.gethostname()}")
-        log("ranks (pid@host): " + ", ".join(f"{r}: {w}" for r, w in enumerate(where)))
+        where = comm.allgather(f"{os.getpid()}@{socket.gethostname()}:{device.name}")
+        log("ranks (pid@host:device): " + ", ".join(f"{r}: {w}" for r, w in enumerate(where)))
     run_start = time.perf_counter() - (history[-1]["wall_s"] if history else 0.0)
     for epoch in range(start_epoch, cfg.epochs):
         row = _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader,

@@ -170,6 +170,19 @@ def test_two_ranks_follow_the_one_process_trajectory(cifar, tmp_path, model, ext
 
 
 @mpi
+@pytest.mark.parametrize("exchange", ["host", "device"])
+def test_two_ranks_on_sim_follow_the_one_process_trajectory(cifar, tmp_path, exchange):
+    """Gradients on a (simulated) device: staged through host buffers, or reduced in
+    place in device memory as with a CUDA-aware MPI."""
+    one = _run(_train_args(cifar, tmp_path / "one"))
+    two = _run(_train_args(cifar, tmp_path / "two", "cifar10_quick", 40, 1, "--device", "sim",
+                           "--grad-exchange", exchange), ranks=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert "device sim" in two.stdout
+    assert _rel_diff(_params(tmp_path / "two"), _params(tmp_path / "one")) < TOL
+
+
+@mpi
 def test_batchnorm_statistics_are_per_rank_without_sync_bn(cifar, tmp_path):
     """The default keeps per-rank statistics, which the equivalence test would catch."""
     one = _run(_train_args(cifar, tmp_path / "one", "cifar10_full"))
@@ -226,7 +239,7 @@ def test_a_failing_rank_stops_the_job(cifar, tmp_path, how):
         assert "rank 1 of 2 failed: RuntimeError: injected failure" in r.stderr
     else:  # MPICH's launcher names the dead process id, which the log maps to its rank
         pid = re.search(r"PID (\d+) RUNNING AT", r.stdout).group(1)
-        ranks = re.search(r"ranks \(pid@host\): (.*)", r.stdout).group(1)
+        ranks = re.search(r"ranks \(pid@host:device\): (.*)", r.stdout).group(1)
         assert f"1: {pid}@" in ranks
 
 
@@ -248,6 +261,9 @@ def test_bad_configurations_are_clear_errors(cifar, tmp_path):
     r = _run(_train_args(cifar, tmp_path / "c", "cifar10_quick", 40, 1, "--nproc", "3"),
              ranks=2)
     assert r.returncode != 0 and "nproc is 3 but this job runs 2 rank(s)" in r.stderr
+    r = _run(_train_args(cifar, tmp_path / "d", "cifar10_quick", 40, 1, "--grad-exchange",
+                         "device"), ranks=2)
+    assert r.returncode != 0 and "exchange 'device' needs a device other than the cpu" in r.stderr
 
 
 @mpi

@@ -9,7 +9,12 @@ parameter's `grad` (overwritten, never accumulated: a parameter belongs to one l
 What a layer keeps for backward is declared in `saves` ("in": its input, "out": its
 output, as arrays shared with the graph), and whether its output and its input
 gradients are views rather than new arrays in `output_is_view` and
-`gradient_is_view`, so planners can count memory without running.
+`gradient_is_view`, so planners can count memory without running; what a layer
+keeps besides activations (BatchNorm's statistics) is `saved_bytes()`.
+
+Activations may live on any device (minidl.device): layers touch them only through
+minidl.ops and array methods both kinds share (shape, reshape), and `to(device)`
+moves a layer's parameters and float buffers.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from minidl import ops
+from minidl.device import DeviceArray, copy_into, fill, get_device
 from minidl.nn import init as _init
 
 Shape = Tuple[int, ...]
@@ -40,10 +46,19 @@ class Parameter:
         self.reset(np.random.default_rng(0))  # usable at once; Net.initialize(seed) redraws
 
     def reset(self, rng: np.random.Generator) -> None:
-        self.data[...] = self.init(self.data.shape, self.fan_in, self.fan_out, rng)
+        copy_into(self.data, self.init(self.data.shape, self.fan_in, self.fan_out, rng))
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape})"
+
+
+def _move(a, dev):
+    """a on dev: itself if already there, else an explicit copy (through the host)."""
+    if isinstance(a, DeviceArray):
+        if a.device is dev:
+            return a
+        a = a.device.to_host(a)
+    return dev.to_device(a)
 
 
 def _pair(v) -> Tuple[int, int]:
@@ -88,10 +103,25 @@ class Layer:
     def args(self) -> str:
         return ""
 
+    def saved_bytes(self) -> int:
+        """Bytes a training forward keeps for backward besides activations."""
+        return 0
+
     # -- shared ----------------------------------------------------------------------
     def reset_parameters(self, rng: np.random.Generator) -> None:
         for p in self.params.values():
             p.reset(rng)
+
+    def to(self, device) -> "Layer":
+        """Moves parameters and float32 buffers to device (explicit copies); integer
+        buffers (counters) stay on the host.  Gradients are dropped."""
+        dev = get_device(device)
+        for p in self.params.values():
+            p.data, p.grad = _move(p.data, dev), None
+        for k, b in self.buffers.items():
+            if b.dtype == np.float32:
+                self.buffers[k] = _move(b, dev)
+        return self
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.args()})"
@@ -142,8 +172,9 @@ class Conv2d(Layer):
     def backward(self, dy, saved, need_dx=True):
         w = self.params["weight"]
         dx, w.grad, db = ops.conv2d_backward(saved, w.data, dy, stride=self.stride,
-                                             padding=self.padding, need_dx=need_dx)
-        if "bias" in self.params:
+                                             padding=self.padding, need_dx=need_dx,
+                                             need_db=self.bias)
+        if self.bias:
             self.params["bias"].grad = db
         return [dx]
 
@@ -185,9 +216,12 @@ class BatchNorm2d(Layer):
 
     def reset_parameters(self, rng):
         super().reset_parameters(rng)
-        self.buffers["running_mean"].fill(0.0)
-        self.buffers["running_var"].fill(1.0)
+        fill(self.buffers["running_mean"], 0.0)
+        fill(self.buffers["running_var"], 1.0)
         self.buffers["num_batches_tracked"].fill(0)
+
+    def saved_bytes(self):
+        return 8 * self.num_features  # the batch mean and 1/std, float32 per channel
 
     def forward(self, xs, training, seed=0):
         b = self.buffers
@@ -316,9 +350,8 @@ class AvgPool2d(_Pool2d):
     def forward(self, xs, training, seed=0):
         return ops.avg_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0].shape
 
-    def backward(self, dy, saved, need_dx=True):
-        shape_only = np.empty(saved, np.float32)  # backward needs x's shape, not its values
-        return [ops.avg_pool2d_backward(shape_only, dy, self.kernel_size, **self._kw())]
+    def backward(self, dy, saved, need_dx=True):  # saved: x's shape, all backward needs
+        return [ops.avg_pool2d_backward(tuple(saved), dy, self.kernel_size, **self._kw())]
 
 
 class GlobalAvgPool2d(Layer):
@@ -332,7 +365,7 @@ class GlobalAvgPool2d(Layer):
         return ops.global_avg_pool2d(xs[0]), xs[0].shape
 
     def backward(self, dy, saved, need_dx=True):
-        return [ops.global_avg_pool2d_backward(np.empty(saved, np.float32), dy)]
+        return [ops.global_avg_pool2d_backward(tuple(saved), dy)]
 
 
 class Linear(Layer):

@@ -3,10 +3,13 @@
 A Plan lists the steps of a Net in execution order (one per layer node) with the
 decisions later planner passes make: the device each step runs on, the slices of a
 batch, and which activations are kept for backward.  Today's only plan is the plain
-one: everything on the CPU, unfused, one slice, every activation a layer needs for
-backward kept in memory.  `make_plan` also predicts the step's peak memory by
-replaying the executor's allocation order over the tensor sizes, without running a
-kernel (kernel workspaces, such as the im2col buffer, are not counted).
+one: everything on one device (cpu, sim or cuda:N), unfused, one slice, every
+activation a layer needs for backward kept in memory.  `make_plan` also predicts the
+step's peak memory by replaying the executor's allocation order over the tensor
+sizes, without running a kernel: `peak` = parameters + float buffers + optimizer
+state + the step's peak (the batch, activations, saved statistics, activation and
+parameter gradients).  Kernel workspaces (such as the im2col buffer) are not
+counted: the C kernels take them from the host, and on cuda they are extra.
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from typing import Dict, List
 
 import numpy as np
 
+from minidl.device import Device, canonical_name
 from minidl.graph import INPUT, Net
 
 F32 = 4
+LABEL_BYTES = 8  # int64 class indices
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Step:
     param_bytes: int
     output_bytes: int           # 0 when the output is a view of the input
     kept: List[str]             # tensors (by node name) kept from forward for backward
+    saved_bytes: int            # bytes kept for backward besides those (BatchNorm statistics)
     flops: int                  # forward, whole batch
     need_dx: List[bool]         # which inputs need a gradient
 
@@ -68,10 +74,12 @@ class Plan:
                         f"{s.param_bytes * mb:>9.3f} {s.output_bytes * mb:>9.2f} "
                         f"{','.join(s.kept) or '-':<14.14} {s.flops / 1e9:>7.3f}")
         m = self.memory
-        foot = [f"parameters {m['params'] * mb:.2f} MB, gradients {m['grads'] * mb:.2f} MB, "
-                f"optimizer state {m['optimizer'] * mb:.2f} MB",
+        foot = [f"parameters {m['params'] * mb:.2f} MB, buffers {m['buffers'] * mb:.2f} MB, "
+                f"gradients {m['grads'] * mb:.2f} MB, optimizer state "
+                f"{m['optimizer'] * mb:.2f} MB",
                 f"activations kept for backward {m['kept_activations'] * mb:.2f} MB, "
-                f"activation peak {m['activation_peak'] * mb:.2f} MB",
+                f"activation peak {m['activation_peak'] * mb:.2f} MB, step peak (with the "
+                f"gradients) {m['step_peak'] * mb:.2f} MB",
                 f"predicted peak {m['peak'] * mb:.2f} MB; forward {self.flops() / 1e9:.2f} GFLOP, "
                 f"training step about {3 * self.flops() / 1e9:.2f} GFLOP"]
         return "\n".join([head] + rows + foot)
@@ -89,11 +97,13 @@ def storage_of(net: Net) -> Dict[str, str]:
 
 
 def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
-              device: str = "cpu") -> Plan:
-    """The plain plan of net at batch_size; optimizer_slots is the number of
-    parameter-sized arrays the optimizer keeps (SGD with momentum 1, Adam 2)."""
+              device="cpu") -> Plan:
+    """The plain plan of net at batch_size on device (a name such as "sim" or
+    "cuda:0", or a Device); optimizer_slots is the number of parameter-sized arrays
+    the optimizer keeps (SGD with momentum 1, Adam 2)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    device = device.name if isinstance(device, Device) else canonical_name(device)
     root = storage_of(net)
     steps = []
     for k, n in net.layers():
@@ -105,86 +115,101 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             shape=[batch_size, *n.shape], device=device,
             param_bytes=sum(p.data.nbytes for p in layer.params.values()),
             output_bytes=0 if root[k] != k else batch_size * int(np.prod(n.shape)) * F32,
-            kept=kept, flops=batch_size * layer.flops(in_shapes, n.shape),
+            kept=kept, saved_bytes=layer.saved_bytes(),
+            flops=batch_size * layer.flops(in_shapes, n.shape),
             need_dx=[i != INPUT for i in n.inputs]))
     plan = Plan(net.name, batch_size, steps, device)
     params = sum(p.data.nbytes for p in net.parameters().values())
-    kept, act_peak = simulate_activations(net, plan)
-    plan.memory = dict(params=params, grads=params, optimizer=optimizer_slots * params,
-                       kept_activations=kept, activation_peak=act_peak,
-                       peak=(2 + optimizer_slots) * params + act_peak)
+    buffers = sum(b.nbytes for b in net.buffers().values() if b.dtype == np.float32)
+    kept, act_peak, step_peak = simulate_activations(net, plan)
+    plan.memory = dict(params=params, buffers=buffers, grads=params,
+                       optimizer=optimizer_slots * params, kept_activations=kept,
+                       activation_peak=act_peak, step_peak=step_peak,
+                       peak=(1 + optimizer_slots) * params + buffers + step_peak)
     return plan
 
 
 def simulate_activations(net: Net, plan: Plan):
-    """(bytes kept for backward at the end of forward, peak activation bytes over the
-    step), replaying the executor's references: a forward output lives while a later
-    step still reads it or a step keeps it for backward; a gradient lives until its
-    node's backward step has run; layers with gradient_is_view pass it on uncopied."""
+    """(bytes kept for backward at the end of forward, peak activation bytes, peak step
+    bytes), replaying the executor's references: the batch (images, int64 labels) is
+    on the device from the start, the labels until the loss; a forward output lives
+    while a later step still reads it or a step keeps it for backward, with what a
+    layer saves besides (BatchNorm's statistics); a gradient lives until its node's
+    backward step has run; layers with gradient_is_view pass it on uncopied.  The step
+    peak adds the parameter gradients, made by each backward step and kept to the end
+    (the executor drops the previous step's at the start of a step)."""
     root = storage_of(net)
     size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
     last_read = {x: i for i, s in enumerate(plan.steps) for x in s.inputs}
     refs: Dict[tuple, int] = {}
     nbytes: Dict[tuple, int] = {}
-    cur = peak = 0
+    cur = {"act": 0, "all": 0}
+    peak = dict(cur)
 
     def new(key, b):
-        nonlocal cur, peak
         refs[key], nbytes[key] = 1, b
-        cur += b
-        peak = max(peak, cur)
+        for k in cur if key[0] != "param_grad" else ("all",):
+            cur[k] += b
+            peak[k] = max(peak[k], cur[k])
 
     def inc(key):
         refs[key] += 1
 
     def dec(key):
-        nonlocal cur
         refs[key] -= 1
         if refs[key] == 0:
-            cur -= nbytes.pop(key)
+            b = nbytes.pop(key)
             del refs[key]
+            for k in cur if key[0] != "param_grad" else ("all",):
+                cur[k] -= b
 
     new(("act", INPUT), size[INPUT])
+    new(("labels",), plan.batch_size * LABEL_BYTES)
     for i, s in enumerate(plan.steps):
         if root[s.name] == s.name:
             new(("act", s.name), size[s.name])
         else:
             inc(("act", root[s.name]))
+        if s.saved_bytes:
+            new(("saved", s.name), s.saved_bytes)
         for t in s.kept:
             inc(("act", t))
         for x in dict.fromkeys(s.inputs):
             if last_read[x] == i:
                 dec(("act", root[x]))
     kept = sum(nbytes[("act", t)] for t in {t for s in plan.steps for t in s.kept})
+    kept += sum(s.saved_bytes for s in plan.steps)
     grads = {net.output: ("grad", net.output)}
     new(grads[net.output], size[net.output])  # dlogits from the loss
     dec(("act", root[net.output]))
+    dec(("labels",))
     for i in range(len(plan.steps) - 1, -1, -1):
         s = plan.steps[i]
         dy = grads.pop(s.name, None)
-        if dy is None:  # a dead end: nothing flows back through it
-            for t in s.kept:
-                dec(("act", t))
-            continue
-        for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
-            if not need:
-                continue
-            if net.nodes[s.name].layer.gradient_is_view:
-                dx = dy
-                inc(dy)
-            else:
-                dx = ("grad", s.name, j)
-                new(dx, size[x])
-            if x in grads:  # a second consumer's gradient: their sum is a new array
-                total = ("sum", x, i)
-                new(total, size[x])
-                dec(grads[x])
-                dec(dx)
-                grads[x] = total
-            else:
-                grads[x] = dx
-        dec(dy)
+        if dy is not None:
+            if s.param_bytes:
+                new(("param_grad", s.name), s.param_bytes)
+            for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
+                if not need:
+                    continue
+                if net.nodes[s.name].layer.gradient_is_view:
+                    dx = dy
+                    inc(dy)
+                else:
+                    dx = ("grad", s.name, j)
+                    new(dx, size[x])
+                if x in grads:  # a second consumer's gradient: their sum is a new array
+                    total = ("sum", x, i)
+                    new(total, size[x])
+                    dec(grads[x])
+                    dec(dx)
+                    grads[x] = total
+                else:
+                    grads[x] = dx
+            dec(dy)
+        # else a dead end: nothing flows back through it
         for t in s.kept:
             dec(("act", t))
-    return kept, peak
-
+        if s.saved_bytes:
+            dec(("saved", s.name))
+    return kept, peak["act"], peak["all"]

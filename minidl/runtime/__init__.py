@@ -3,9 +3,19 @@
 It runs the plan's steps in order, keeps what each layer saved for backward, drops
 every forward output after its last reader, and in backward hands each gradient to
 the node's inputs, summing where a node feeds several layers (residual nets).  It
-makes no decisions: everything it does is in the Plan.  Optional instruments: per
-step forward/backward seconds (`timings`) and the activation bytes it holds, counted
-from the arrays themselves (`track_memory`), to check the plan's prediction.
+makes no decisions: everything it does is in the Plan.
+
+On a device (the plan's: cpu, sim or cuda:N; the net must be there, `net.to`) it
+copies each batch there (images and int64 labels: two counted copies), keeps every
+activation and gradient there, computes the loss there and brings back only the
+loss and the logits.  Parameter gradients are made by backward where the
+parameters live; the previous step's are dropped when a step starts.  With a
+budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
+starts, so a failed step changes nothing but the dropped gradients.
+
+Optional instruments: per step forward/backward seconds (`timings`) and memory
+(`track_memory`): on the cpu the activation bytes the executor holds, counted from
+the arrays themselves; on a device the device's own peak over the step.
 """
 from __future__ import annotations
 
@@ -15,6 +25,7 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 import numpy as np
 
 from minidl import ops
+from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
 from minidl.nn.layers import SoftmaxCrossEntropy
 from minidl.plan import Plan, make_plan
@@ -41,67 +52,140 @@ def live_bytes(*objs) -> int:
 
 
 class Executor:
-    """Runs `net` under `plan` (the plain plan for batch_size when none is given).
-    Batches of any size run; the plan's batch size is what its memory figures assume."""
+    """Runs `net` under `plan` (the plain plan for batch_size when none is given) on
+    `device` (default: where the net's parameters are; the plan must be for it).  Batches of any size run;
+    the plan's batch size is what its memory figures assume."""
 
     def __init__(self, net: Net, plan: Optional[Plan] = None, *, batch_size: int = 1,
-                 seed: int = 0):
+                 seed: int = 0, device=None):
         self.net = net
-        self.plan = plan if plan is not None else make_plan(net, batch_size)
+        self.device = dev = net.device if device is None else get_device(device)
+        self.plan = plan if plan is not None else make_plan(net, batch_size, device=dev)
         if [s.name for s in self.plan.steps] != [k for k, _ in net.layers()]:
             raise ValueError(f"plan for {self.plan.net!r} does not match the layers of net "
                              f"{net.name!r}")
-        if self.plan.device != "cpu" or self.plan.slices != 1:
-            raise NotImplementedError(f"this executor runs CPU plans of one slice, got device "
-                                      f"{self.plan.device!r} with {self.plan.slices} slices")
+        if self.plan.slices != 1:
+            raise NotImplementedError(f"this executor runs plans of one slice, got "
+                                      f"{self.plan.slices} slices")
+        if self.plan.device != dev.name:
+            raise ValueError(f"the plan is for device {self.plan.device!r}, the executor runs "
+                             f"on {dev.name!r} (move the net there with net.to(device))")
+        elsewhere = [k for k, p in net.parameters().items() if not self._here(p.data)]
+        if elsewhere:
+            raise ValueError(f"net {net.name!r} has parameters off {dev.name} "
+                             f"({elsewhere[0]}, ...): move it first with net.to(device)")
+        self.host = dev.kind == "cpu"
         self.loss = SoftmaxCrossEntropy()
         self.seed = seed
         self.step_count = 0  # training steps run; with seed it fixes every dropout mask
         self.timings: Optional[Dict[str, list]] = None  # name -> [forward s, backward s]
         self.track_memory = False
-        self.peak_activation_bytes = 0
+        self.peak_activation_bytes = 0  # cpu, with track_memory
+        self.peak_device_bytes = 0      # other devices, with track_memory: the last step's
         # called with a step's name once its backward has run (its parameters' gradients
         # are final): data-parallel training starts exchanging them from there
         self.backward_hook: Optional[Callable[[str], None]] = None
         self._last_read = {x: i for i, s in enumerate(self.plan.steps) for x in s.inputs}
+        self._step_bytes = {self.plan.batch_size: self.plan.memory["step_peak"]}
 
     # -- public ----------------------------------------------------------------------
     def train_step(self, x: np.ndarray, labels: np.ndarray, *,
                    grad_scale: float = 1.0) -> Tuple[float, np.ndarray]:
         """Forward, loss and backward on one batch; leaves each parameter's gradient in
-        its .grad: that of the mean loss, times grad_scale.  Returns (mean loss, logits)."""
-        logits, ctx = self._forward(x, training=True)
-        loss, dlogits = self.loss(logits, labels)
+        its .grad (where the parameter lives): that of the mean loss, times grad_scale.
+        Returns (mean loss, logits on the host)."""
+        dev = self.device
+        n = len(self._check_input(x))
+        for p in self.net.parameters().values():
+            p.grad = None
+        self._check_budget(n)
+        if self.track_memory and not self.host:
+            dev.reset_peak()
+        y = labels if self.host else dev.to_device(self._check_labels(labels, n))
+        logits, ctx = self._forward(x, True, (y,))
+        loss, dlogits = self.loss(logits, y)
         if grad_scale != 1.0:
-            dlogits *= np.float32(grad_scale)
-        self._backward(dlogits, ctx)
+            dlogits = self._scaled(dlogits, grad_scale)
+        grads = {self.net.output: dlogits}  # the only reference: freed in backward
+        del y, dlogits
+        if not self.host:
+            logits = dev.to_host(logits)
+        self._backward(grads, ctx)
+        if self.track_memory and not self.host:
+            self.peak_device_bytes = dev.peak
         self.step_count += 1
         return loss, logits
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Logits in evaluation mode (BatchNorm running statistics, no dropout)."""
-        return self._forward(x, training=False)[0]
+        """Logits on the host, in evaluation mode (BatchNorm running statistics, no dropout)."""
+        logits = self._forward(x, training=False)[0]
+        return logits if self.host else self.device.to_host(logits)
 
     # -- internals -------------------------------------------------------------------
-    def _check_input(self, x) -> np.ndarray:
-        if not isinstance(x, np.ndarray) or x.ndim != len(self.net.input_shape) + 1 \
+    def _scaled(self, dlogits, scale: float):
+        if self.host:
+            dlogits *= np.float32(scale)
+            return dlogits
+        host = self.device.to_host(dlogits)  # (N, classes): small
+        host *= np.float32(scale)
+        return self.device.to_device(host)
+
+    def _here(self, a) -> bool:
+        return a.device is self.device if isinstance(a, DeviceArray) else \
+            self.device.kind == "cpu"
+
+    def _check_input(self, x):
+        if not isinstance(x, (np.ndarray, DeviceArray)) \
+                or x.ndim != len(self.net.input_shape) + 1 \
                 or x.shape[1:] != self.net.input_shape:
-            got = x.shape if isinstance(x, np.ndarray) else type(x).__name__
+            got = x.shape if isinstance(x, (np.ndarray, DeviceArray)) else type(x).__name__
             raise ValueError(f"net {self.net.name!r} takes batches of shape "
                              f"(N, {', '.join(map(str, self.net.input_shape))}), got {got}")
+        if isinstance(x, DeviceArray) and not self._here(x):
+            raise ValueError(f"the batch is on {x.device.name}, the executor runs on "
+                             f"{self.device.name}")
         return x
+
+    def _check_labels(self, labels, n: int) -> np.ndarray:
+        """Host labels checked here (a device cannot report a bad one) as int64."""
+        classes = self.net.output_shape[-1]
+        if not isinstance(labels, np.ndarray) or labels.dtype.kind not in "iu" \
+                or labels.shape != (n,):
+            got = (f"{labels.dtype} {labels.shape}" if isinstance(labels, np.ndarray)
+                   else type(labels).__name__)
+            raise ValueError(f"labels must be a host integer array of shape ({n},), got {got}")
+        if n and (labels.min() < 0 or labels.max() >= classes):
+            raise ValueError(f"labels must be class indices in [0, {classes}), got values "
+                             f"from {labels.min()} to {labels.max()}")
+        return np.ascontiguousarray(labels, np.int64)
+
+    def _check_budget(self, n: int) -> None:
+        """A step of batch n that the plan says will not fit fails here, before it starts."""
+        if self.device.budget is None:
+            return
+        if n not in self._step_bytes:
+            self._step_bytes[n] = make_plan(self.net, n, device=self.device
+                                            ).memory["step_peak"]
+        self.device.check_fits(self._step_bytes[n], f"a training step of batch {n} "
+                               f"(the plan's prediction)")
 
     def _seed(self, i: int) -> int:
         return (self.seed * 0x9E3779B97F4A7C15 + self.step_count * 0x100000001B3 + i) & _MASK64
 
     def _measure(self, *objs) -> None:
-        self.peak_activation_bytes = max(self.peak_activation_bytes, live_bytes(*objs))
+        if self.host:
+            self.peak_activation_bytes = max(self.peak_activation_bytes, live_bytes(*objs))
 
     def _time(self, name: str, slot: int, t0: float) -> None:
+        self.device.synchronize()
         self.timings.setdefault(name, [0.0, 0.0])[slot] += time.perf_counter() - t0
 
-    def _forward(self, x, training: bool):
-        outs = {INPUT: self._check_input(x)}
+    def _forward(self, x, training: bool, held=()):
+        x = self._check_input(x)
+        if not self.host and isinstance(x, np.ndarray):
+            x = self.device.to_device(np.ascontiguousarray(x, np.float32))
+        outs = {INPUT: x}
+        del x  # outs holds the only reference: the batch is freed after its last reader
         ctx: Dict[str, object] = {}
         nodes = self.net.nodes
         for i, s in enumerate(self.plan.steps):
@@ -115,15 +199,13 @@ class Executor:
                 ctx[s.name] = saved
             del y, saved
             if self.track_memory:
-                self._measure(list(outs.values()), list(ctx.values()))
+                self._measure(list(outs.values()), list(ctx.values()), held)
             for k in dict.fromkeys(s.inputs):
                 if self._last_read[k] == i:
                     del outs[k]
         return outs[self.net.output], ctx
 
-    def _backward(self, dlogits: np.ndarray, ctx: Dict[str, object]) -> None:
-        grads = {self.net.output: dlogits}
-        del dlogits
+    def _backward(self, grads: Dict[str, object], ctx: Dict[str, object]) -> None:
         nodes = self.net.nodes
         hook = self.backward_hook
         for s in reversed(self.plan.steps):

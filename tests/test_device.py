@@ -1,0 +1,495 @@
+"""Devices: the sim device against the cpu (bit for bit: same kernels), its memory
+budget, copy counters and modelled clock, the plan's memory prediction against the
+device's own peak, moving nets, checkpoints across devices, and the command line.
+The cuda tests at the end run only where pycuda, minidl._cuda and a GPU are present."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidl import models, ops
+from minidl.device import (DeviceArray, OutOfDeviceMemory, asnumpy, get_device, parse_bytes)
+from minidl.optim import SGD, Adam
+from minidl.plan import make_plan
+from minidl.runtime import Executor
+from minidl.train import train
+from test_train import lenet_config, run_cli, write_cifar_bin, write_idx
+
+
+def sim(memory="1GiB", **kw):
+    return get_device("sim", memory=memory, **kw)
+
+
+# ---- sizes and names ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,n", [
+    ("512MB", 512 * 10**6), ("2GiB", 2 * 2**30), ("1.5G", 3 * 2**29), ("4096", 4096),
+    ("4096B", 4096), (" 64 kib ", 64 * 1024), ("1.1GB", 1_100_000_000), ("0", 0), (7, 7),
+    ("1T", 2**40), ("0.5KB", 500)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    ("", ValueError, "cannot read"), ("12 parsecs", ValueError, "cannot read"),
+    ("-5MB", ValueError, "cannot read"), ("0.3B", ValueError, "not a whole number"),
+    ("1e9", ValueError, "cannot read"), (-1, ValueError, ">= 0"), (True, TypeError, "int"),
+    (2.0, TypeError, "int or a string"), (None, TypeError, "int or a string")])
+def test_parse_bytes_rejects(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        parse_bytes(bad)
+
+
+def test_importing_minidl_needs_no_cuda():
+    code = ("import sys, minidl, minidl.device, minidl.train; "
+            "assert not {'pycuda', 'minidl._cuda', 'minidl.device.cuda'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_device_names():
+    assert get_device("cpu") is get_device("CPU") and get_device("sim") is get_device("sim")
+    assert sim() is not get_device("sim")  # options make an independent device
+    assert make_plan(models.build("lenet", seed=None), 2, device="sim").device == "sim"
+    for bad in ("gpu", "sim:1", "cuda:x", "cpu:0"):
+        with pytest.raises(ValueError, match="unknown device"):
+            get_device(bad)
+    with pytest.raises(ValueError, match="no memory budget"):
+        get_device("cpu", memory="1GB")
+    with pytest.raises(ValueError, match="positive"):
+        sim(memory=0)
+
+
+# ---- arrays and memory -------------------------------------------------------------------
+
+
+def test_sim_arrays_are_not_numpy_arrays_and_views_share_memory():
+    dev = sim("1KiB")
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = dev.to_device(host)
+    assert isinstance(a, DeviceArray) and a.shape == (3, 4) and a.nbytes == 48
+    with pytest.raises(TypeError, match="to_host"):
+        np.asarray(a)
+    with pytest.raises(TypeError):
+        a + 1
+    v = a.reshape(-1)
+    assert v.shape == (12,) and v.mem is a.mem and dev.in_use == 48
+    with pytest.raises(ValueError, match="cannot reshape"):
+        a.reshape(5, -1)
+    del a
+    assert dev.in_use == 48  # the view keeps the allocation
+    np.testing.assert_array_equal(dev.to_host(v), host.reshape(-1))
+    out = np.empty(12, np.float32)
+    assert dev.to_host(v, out=out) is out
+    del v
+    assert dev.in_use == 0 and dev.peak == 48
+    dev.reset_peak()
+    assert dev.peak == 0
+
+
+def test_out_of_budget_raises_before_allocating_and_names_the_numbers():
+    dev = sim("1000B")
+    a = dev.empty(200)  # 800 bytes
+    with pytest.raises(OutOfDeviceMemory) as e:
+        dev.empty(100)
+    assert isinstance(e.value, MemoryError)
+    msg = str(e.value)
+    for figure in ("400 bytes", "800 bytes", "1000 bytes", "budget", "peak"):
+        assert figure in msg, msg
+    assert (e.value.requested, e.value.budget, e.value.in_use) == (400, 1000, 800)
+    assert dev.in_use == 800
+    # an op whose output does not fit leaves its operands alone and allocates nothing
+    x = dev.to_device(np.ones(40, np.float32))  # 160 bytes: 960 in use
+    with pytest.raises(OutOfDeviceMemory):
+        ops.relu(x)
+    assert dev.in_use == 960
+    np.testing.assert_array_equal(dev.to_host(x), np.ones(40, np.float32))
+    del a
+    np.testing.assert_array_equal(dev.to_host(ops.relu(x)), np.ones(40, np.float32))
+
+
+# ---- ops on sim equal ops on the cpu ---------------------------------------------------------
+
+
+def _r(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+OPS = {  # name -> (inputs(rng), call(ops arrays...)); outputs compared bit for bit
+    "sgemm": (lambda r: (_r(r, 5, 7), _r(r, 9, 7)), lambda a, b: ops.sgemm(a, b, trans_b=True)),
+    "conv2d": (lambda r: (_r(r, 2, 3, 9, 8), _r(r, 4, 3, 3, 3), _r(r, 4)),
+               lambda x, w, b: ops.conv2d(x, w, b, stride=2, padding=1)),
+    "conv2d_backward": (lambda r: (_r(r, 2, 3, 9, 8), _r(r, 4, 3, 3, 3), _r(r, 2, 4, 5, 4)),
+                        lambda x, w, dy: ops.conv2d_backward(x, w, dy, stride=2, padding=1)),
+    "max_pool2d": (lambda r: (_r(r, 2, 3, 7, 7),),
+                   lambda x: ops.max_pool2d(x, 3, stride=2, ceil_mode=True)),
+    "max_pool2d_backward": (lambda r: (_r(r, 2, 3, 7, 7), _r(r, 2, 3, 3, 3)),
+                            lambda x, dy: ops.max_pool2d_backward(x, dy, 3, stride=2)),
+    "avg_pool2d": (lambda r: (_r(r, 2, 3, 7, 7),), lambda x: ops.avg_pool2d(x, 3, stride=2)),
+    "avg_pool2d_backward": (lambda r: (_r(r, 2, 3, 3, 3),),
+                            lambda dy: ops.avg_pool2d_backward((2, 3, 7, 7), dy, 3, stride=2)),
+    "global_avg_pool2d": (lambda r: (_r(r, 2, 3, 5, 4),), ops.global_avg_pool2d),
+    "global_avg_pool2d_backward": (lambda r: (_r(r, 2, 3),),
+                                   lambda dy: ops.global_avg_pool2d_backward((2, 3, 5, 4), dy)),
+    "relu": (lambda r: (_r(r, 3, 33),), ops.relu),
+    "relu_backward": (lambda r: (_r(r, 3, 33), _r(r, 3, 33)), ops.relu_backward),
+    "add": (lambda r: (_r(r, 4, 5), _r(r, 4, 5)), ops.add),
+    "dropout": (lambda r: (_r(r, 100),), lambda x: ops.dropout(x, 0.3, seed=5)),
+    "dropout_backward": (lambda r: (_r(r, 100),), lambda dy: ops.dropout_backward(dy, 0.3, seed=5)),
+    "batch_norm": (lambda r: (_r(r, 4, 3, 5, 5), _r(r, 3), _r(r, 3), np.zeros(3, np.float32),
+                              np.ones(3, np.float32)),
+                   lambda x, g, b, rm, rv: ops.batch_norm(x, g, b, running_mean=rm,
+                                                          running_var=rv) + (rm, rv)),
+    "batch_norm_infer": (lambda r: (_r(r, 4, 3, 5, 5), _r(r, 3), np.ones(3, np.float32) * 2),
+                         lambda x, rm, rv: ops.batch_norm(x, None, None, training=False,
+                                                          running_mean=rm, running_var=rv)[0]),
+    "batch_norm_backward": (lambda r: (_r(r, 4, 3, 5), _r(r, 3), _r(r, 4, 3, 5), _r(r, 3),
+                                       np.abs(_r(r, 3)) + 1),
+                            ops.batch_norm_backward),
+    "linear": (lambda r: (_r(r, 6, 10), _r(r, 4, 10), _r(r, 4)), ops.linear),
+    "linear_backward": (lambda r: (_r(r, 6, 10), _r(r, 4, 10), _r(r, 6, 4)), ops.linear_backward),
+    "softmax_cross_entropy": (lambda r: (_r(r, 6, 10), np.arange(6) % 10),
+                              ops.softmax_cross_entropy),
+    "sgd_step": (lambda r: (_r(r, 50), _r(r, 50), _r(r, 50)),
+                 lambda p, g, m: (ops.sgd_step(p, g, m, lr=0.1, momentum=0.9, nesterov=True,
+                                               weight_decay=1e-3), m)),
+    "adam_step": (lambda r: (_r(r, 50), _r(r, 50), _r(r, 50), np.abs(_r(r, 50))),
+                  lambda p, g, m, v: (ops.adam_step(p, g, m, v, step=3, weight_decay=0.1,
+                                                    decoupled=True), m, v)),
+}
+
+
+def _outputs(result):
+    items = result if isinstance(result, tuple) else (result,)
+    return [asnumpy(a) if isinstance(a, DeviceArray) else a for a in items]
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_ops_on_sim_equal_the_cpu(name, rng):
+    inputs, call = OPS[name]
+    args = inputs(rng)
+    want = _outputs(call(*[a.copy() for a in args]))
+    dev = sim()
+    got = _outputs(call(*[dev.to_device(a) for a in args]))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if isinstance(w, float):
+            assert g == w
+        else:
+            assert not isinstance(g, DeviceArray) and g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+    assert dev.launches >= 1
+
+
+def test_ops_take_device_and_refuse_mixed_devices(rng):
+    x, w = _r(rng, 2, 3, 6, 6), _r(rng, 4, 3, 3, 3)
+    dev = sim()
+    y = ops.conv2d(x, w, padding=1, device=dev)
+    assert isinstance(y, DeviceArray) and y.device is dev
+    assert dev.copies["h2d"] == {"count": 2, "bytes": x.nbytes + w.nbytes}
+    np.testing.assert_array_equal(dev.to_host(y), ops.conv2d(x, w, padding=1))
+    assert ops.relu(x, device="cpu").shape == x.shape
+    with pytest.raises(ValueError, match="one device.*x on sim, w on cpu"):
+        ops.conv2d(dev.to_device(x), w)
+    with pytest.raises(ValueError, match="one device"):
+        ops.add(dev.to_device(x), sim().to_device(x))
+    with pytest.raises(ValueError, match="param is updated in place"):
+        ops.sgd_step(_r(rng, 3), _r(rng, 3), lr=0.1, device=dev)
+    with pytest.raises(TypeError, match="float32"):
+        ops.relu(dev.to_device(np.ones(3)))  # float64 stays float64 on a device
+    assert "device" in str(__import__("inspect").signature(ops.conv2d))
+
+
+# ---- training on sim equals training on the cpu -------------------------------------------
+
+
+def _train(model, device, optimizer, steps=3, batch=8, **dev_kw):
+    dev = get_device(device) if device == "cpu" else sim(**dev_kw)
+    net = models.build(model, seed=0).to(dev)
+    opt = optimizer(net.parameters())
+    ex = Executor(net, make_plan(net, batch, optimizer_slots=len(opt.slots), device=dev), seed=1)
+    r = np.random.default_rng(1)
+    losses = []
+    for _ in range(steps):
+        x = r.standard_normal((batch, *net.input_shape)).astype(np.float32)
+        loss, logits = ex.train_step(x, r.integers(0, 10, batch))
+        assert isinstance(logits, np.ndarray) and logits.shape == (batch, 10)
+        opt.step()
+        losses.append(loss)
+    return net, opt, ex, losses
+
+
+OPTIMIZERS = {"sgd_momentum": lambda p: SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
+              "adam": lambda p: Adam(p, lr=1e-3)}
+
+
+@pytest.mark.parametrize("model", ["cifar10_quick", "resnet20"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_on_sim_is_bit_identical_to_the_cpu(model, optimizer):
+    cpu_net, cpu_opt, _, cpu_losses = _train(model, "cpu", OPTIMIZERS[optimizer])
+    sim_net, sim_opt, ex, sim_losses = _train(model, "sim", OPTIMIZERS[optimizer])
+    assert ex.device.kind == "sim" and sim_losses == cpu_losses
+    a, b = cpu_net.state_dict(), sim_net.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert isinstance(b[k], np.ndarray)
+        assert np.array_equal(a[k], b[k]), k
+    for k, v in cpu_opt.state_dict().items():
+        assert np.array_equal(v, sim_opt.state_dict()[k]), k
+
+
+def test_a_step_copies_the_batch_once_and_brings_back_the_loss_and_logits():
+    dev = sim()
+    net = models.build("cifar10_quick", seed=0).to(dev)
+    ex = Executor(net, batch_size=16)
+    x = np.zeros((16, 3, 32, 32), np.float32)
+    dev.reset_counters()
+    for step in range(2):
+        ex.train_step(x, np.arange(16) % 10)
+        assert dev.copies == {"h2d": {"count": 2 * (step + 1), "bytes": (step + 1) * (x.nbytes + 16 * 8)},
+                              "d2h": {"count": 2 * (step + 1), "bytes": (step + 1) * (4 + 16 * 10 * 4)}}
+    dev.reset_counters()
+    assert ex.predict(x).shape == (16, 10)
+    assert dev.copies == {"h2d": {"count": 1, "bytes": x.nbytes},
+                          "d2h": {"count": 1, "bytes": 16 * 10 * 4}}
+
+
+@pytest.mark.parametrize("name", ["cifar10_quick", "lenet", "resnet20", "cifar10_full",
+                                  "vgg11_bn"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_plan_predicts_the_peak_the_sim_device_measures(name, optimizer, rng):
+    """Parameters + float buffers + optimizer state + the step (batch, activations,
+    BatchNorm statistics, activation and parameter gradients): exactly the device's
+    peak.  Kernel workspaces are excluded (on sim the C kernels take them from the host)."""
+    dev = sim()
+    net = models.build(name, seed=0).to(dev)
+    opt = OPTIMIZERS[optimizer](net.parameters())
+    plan = make_plan(net, 4, optimizer_slots=len(opt.slots), device=dev)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    classes = net.output_shape[0]
+    for _ in range(2):  # the second step starts with gradients and optimizer state there
+        ex.train_step(_r(rng, 4, *net.input_shape), rng.integers(0, classes, 4))
+        opt.step()
+        assert ex.peak_device_bytes == plan.memory["peak"]
+    m = plan.memory
+    assert dev.in_use == m["params"] + m["buffers"] + m["grads"] + m["optimizer"]
+
+
+def test_a_step_over_budget_changes_nothing_and_a_bigger_budget_then_works():
+    ref_net, ref_opt, _, _ = _train("resnet20", "cpu", OPTIMIZERS["sgd_momentum"], steps=2)
+    dev = sim()
+    net = models.build("resnet20", seed=0).to(dev)
+    opt = OPTIMIZERS["sgd_momentum"](net.parameters())
+    plan = make_plan(net, 8, optimizer_slots=1, device=dev)
+    ex = Executor(net, plan, seed=1)
+    r = np.random.default_rng(1)
+    x, y = r.standard_normal((8, 3, 32, 32)).astype(np.float32), r.integers(0, 10, 8)
+    ex.train_step(x, y)
+    opt.step()
+    before = (net.state_dict(), opt.state_dict())
+    dev.budget = plan.memory["peak"] - 1  # one byte short of the plan's prediction
+    with pytest.raises(OutOfDeviceMemory, match=r"batch 8 \(the plan's prediction\) asks for"):
+        ex.train_step(x2 := r.standard_normal((8, 3, 32, 32)).astype(np.float32),
+                      y2 := r.integers(0, 10, 8))
+    with pytest.raises(OutOfDeviceMemory, match="an allocation asks for"):
+        dev.empty(dev.budget - dev.in_use + 1, np.uint8)
+    for old, new in zip(before, (net.state_dict(), opt.state_dict())):
+        for k in old:
+            assert np.array_equal(old[k], new[k]), k
+    dev.budget = plan.memory["peak"]  # exactly enough
+    ex.train_step(x2, y2)
+    opt.step()
+    for k, v in ref_net.state_dict().items():
+        assert np.array_equal(v, net.state_dict()[k]), k
+    for k, v in ref_opt.state_dict().items():
+        assert np.array_equal(v, opt.state_dict()[k]), k
+
+
+def test_net_moves_between_devices_and_state_dicts_are_host_arrays():
+    net = models.build("cifar10_full", seed=0)
+    want = net.state_dict()
+    dev = sim()
+    net.to(dev)
+    assert net.device is dev and dev.in_use == sum(
+        a.nbytes for k, a in want.items() if a.dtype == np.float32)
+    assert isinstance(net.buffers()["norm1.running_mean"], DeviceArray)
+    assert isinstance(net.buffers()["norm1.num_batches_tracked"], np.ndarray)  # a host counter
+    got = net.state_dict()
+    assert all(type(a) is np.ndarray and np.array_equal(a, want[k]) for k, a in got.items())
+    net.initialize(7)
+    net.load_state_dict(want)
+    assert all(np.array_equal(a, want[k]) for k, a in net.state_dict().items())
+    net.to("cpu")
+    assert net.device.kind == "cpu" and dev.in_use == 0
+    with pytest.raises(ValueError, match="net.to"):
+        Executor(net, make_plan(net, 2, device="sim"))
+
+
+# ---- the modelled clock ---------------------------------------------------------------------
+
+
+def test_the_clock_is_monotone_and_copies_overlap_compute_on_other_streams():
+    dev = sim(compute_flops=1e9, memory_bandwidth=1e9, pcie_bandwidth=1e8, launch_latency=0.0)
+    x = np.ones(25_000, np.float32)  # 100 kB: a copy takes 1 ms, a relu (200 kB) 0.2 ms
+    copy_s, relu_s = 1e-3, 2e-4
+    a = dev.to_device(x)
+    assert dev.clock == pytest.approx(copy_s)
+    times = [dev.clock]
+    ops.relu(a)
+    times.append(dev.clock)
+    assert times[-1] == pytest.approx(copy_s + relu_s)  # same stream: in order
+    # a copy on another stream overlaps a kernel on the default stream
+    s = dev.stream()
+    t0 = dev.clock
+    s.wait(dev.event().record())  # s starts where the default stream is now
+    dev.to_device_async(x, stream=s)
+    ops.relu(a)
+    assert dev.clock == pytest.approx(t0 + copy_s)
+    assert dev.default_stream.time == pytest.approx(t0 + relu_s)
+    # a kernel that waits for the copy's event starts after it
+    s2 = dev.stream()
+    t1 = dev.clock
+    dev.default_stream.wait(dev.event().record(s))
+    s2.wait(dev.event().record())
+    b = dev.to_device_async(x, stream=s2)
+    done = dev.event().record(s2)
+    dev.default_stream.wait(done)
+    ops.relu(b)
+    assert dev.clock == pytest.approx(t1 + copy_s + relu_s)
+    # kernels on two streams take turns on the compute engine
+    t2 = dev.clock
+    with dev.use(s):
+        ops.relu(a)
+    ops.relu(a)
+    assert dev.clock == pytest.approx(t2 + 2 * relu_s)
+    times.append(dev.clock)
+    assert times == sorted(times)
+
+
+def test_the_clock_follows_the_cost_model_for_a_training_step():
+    dev = sim(launch_latency=0.0)
+    net = models.build("cifar10_quick", seed=0).to(dev)
+    ex = Executor(net, batch_size=32)
+    t = [dev.clock]
+    for _ in range(3):
+        ex.train_step(np.zeros((32, 3, 32, 32), np.float32), np.zeros(32, np.int64))
+        t.append(dev.clock)
+    steps = np.diff(t)
+    assert (steps > 0).all() and np.allclose(steps, steps[0])
+    flops = 3 * ex.plan.flops()  # forward and the two backward GEMMs per layer
+    assert steps[0] >= (32 * 3 * 32 * 32 * 4) / dev.pcie_bandwidth  # the batch's copy
+    assert steps[0] >= 0.9 * flops / dev.compute_flops
+
+
+# ---- training loop, checkpoints and command line ----------------------------------------------
+
+
+def test_a_run_on_sim_resumes_on_the_cpu(tmp_path, rng):
+    root = write_cifar_bin(tmp_path / "data", rng)
+    kw = dict(model="cifar10_full", dataset="cifar10", batch_size=32, lr=0.02, augment=True,
+              lr_schedule="constant")  # the same rates whatever the number of epochs
+    whole = tmp_path / "whole"
+    train(lenet_config(root, whole, epochs=2, **kw), log=lambda *a: None)
+    part = tmp_path / "part"
+    train(lenet_config(root, part, epochs=1, device="sim", sim_memory="256MB", **kw),
+          log=lambda *a: None)
+    train(lenet_config(root, part, epochs=2, resume=str(part / "checkpoint.safetensors"), **kw),
+          log=lambda *a: None)
+    from minidl import safetensors
+    a, _ = safetensors.load(whole / "checkpoint.safetensors")
+    b, _ = safetensors.load(part / "checkpoint.safetensors")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_cli_device_sim_end_to_end(tmp_path, rng, capsys):
+    root = write_idx(tmp_path / "data", rng)
+    out = tmp_path / "run"
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", root,
+                   "--epochs", 1, "--limit-train", 200, "--batch-size", 32, "--lr", 0.01,
+                   "--no-progress", "--no-download", "--out", out, "--device", "sim",
+                   "--sim-memory", "512MB") == 0
+    assert "device sim" in capsys.readouterr().out
+    assert json.loads((out / "metrics.jsonl").read_text())["epoch"] == 1
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 4, "--steps", 1, "--warmup", 0,
+                   "--json", "--device", "sim", "--sim-memory", "64MiB") == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "sim" and r["modelled_train_step_ms"] > 0
+    assert 0 < r["device_peak_bytes"] <= 64 * 2**20
+    assert r["copies_per_step"]["h2d"] == {"count": 2, "bytes": 4 * 28 * 28 * 4 + 4 * 8}
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 64, "--steps", 1, "--device",
+                   "sim", "--sim-memory", "1MB") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("minidl bench: error: sim: out of device memory") and "\n" == err[-1]
+    assert run_cli("train", "--device", "cpu", "--sim-memory", "1GB") == 1
+    assert "--sim-memory applies to --device sim" in capsys.readouterr().err
+
+
+def _cuda_missing():
+    try:
+        get_device("cuda")
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+CUDA_MISSING = _cuda_missing()
+
+
+@pytest.mark.skipif(CUDA_MISSING is None, reason="CUDA is available here")
+def test_cli_device_cuda_without_cuda_says_so_once(tmp_path, capsys):
+    assert run_cli("train", "--model", "lenet", "--device", "cuda", "--out", tmp_path) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("minidl train: error: cannot use --device cuda:")
+    assert "pip install '.[cuda]'" in err
+
+
+# ---- cuda (skipped without pycuda, minidl._cuda and a GPU) ------------------------------------
+
+needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None, reason=str(CUDA_MISSING))
+CUDA_RTOL = 1e-4  # float32 kernels in another summation order: max |diff| / max |want|
+
+
+def _close(got, want, rtol=CUDA_RTOL, what=""):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3) if want.size else 0.0
+    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_ops_on_cuda_match_the_cpu(name, rng):
+    inputs, call = OPS[name]
+    args = inputs(rng)
+    want = _outputs(call(*[a.copy() for a in args]))
+    dev = get_device("cuda")
+    got = _outputs(call(*[dev.to_device(a) for a in args]))
+    for i, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, what=f"{name} output {i}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("model", ["cifar10_quick", "resnet20"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_on_cuda_matches_the_cpu(model, optimizer):
+    """3 steps; parameters within 1e-3 of their largest magnitude (different summation
+    orders compound over steps, and through BatchNorm)."""
+    cpu_net, _, _, cpu_losses = _train(model, "cpu", OPTIMIZERS[optimizer])
+    dev = get_device("cuda", memory="2GiB")
+    net = models.build(model, seed=0).to(dev)
+    opt = OPTIMIZERS[optimizer](net.parameters())
+    ex = Executor(net, make_plan(net, 8, optimizer_slots=len(opt.slots), device=dev), seed=1)
+    r = np.random.default_rng(1)
+    for i in range(3):
+        x = r.standard_normal((8, *net.input_shape)).astype(np.float32)
+        loss, _ = ex.train_step(x, r.integers(0, 10, 8))
+        opt.step()
+        assert abs(loss - cpu_losses[i]) <= 1e-4 * max(1.0, abs(cpu_losses[i]))
+    want = cpu_net.state_dict()
+    for k, v in net.state_dict().items():
+        _close(v, want[k], rtol=1e-3, what=k)
+    assert dev.peak <= dev.budget
