@@ -19,6 +19,8 @@ when the device is created.
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import os
 from typing import Dict, List, Optional
 
@@ -27,6 +29,18 @@ import numpy as np
 from minidl.device import Device, DeviceArray, Event, Kernels, OutOfDeviceMemory, Stream
 
 GRANULE = 512
+
+
+@functools.lru_cache(maxsize=None)
+def _c_params(name: str):
+    """The parameter names of the CPU binding's kernel: the order callers use."""
+    from minidl import _C
+    return tuple(inspect.signature(getattr(_C, name)).parameters)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_params(fn):
+    return frozenset(inspect.signature(fn).parameters)
 
 
 class CudaUnavailable(RuntimeError):
@@ -242,16 +256,31 @@ class CudaDevice(Device):
         self.drv.Context.synchronize()
 
     def _launch(self, name, fn, args):
-        call = []
-        for a in args:
+        """Calls the _cuda twin of _C.<name> with the arguments given in _C's order:
+        buffers become device addresses, a workspace also passes its size (ws_bytes),
+        an element count is the first buffer's size, and a loss the kernel writes to
+        device memory comes back as a float (_C returns it)."""
+        kw, first = {}, None
+        for pname, a in zip(_c_params(name), args):
             if isinstance(a, DeviceArray):
                 if a.device is not self:
                     raise ValueError(f"{name}: an operand is on {a.device.name}, not {self.name}")
-                call.append(self.address(a))
+                kw[pname] = self.address(a)
+                first = a if first is None else first
+                if pname == "ws":
+                    kw["ws_bytes"] = a.nbytes
             elif isinstance(a, np.ndarray):
                 raise TypeError(f"{name}: a host NumPy array was passed to a {self.name} "
                                 f"kernel; copy it to the device first (to_device)")
             else:
-                call.append(0 if a is None else a)
+                kw[pname] = 0 if a is None else a
+        wants = _cuda_params(fn)
+        if "count" in wants and "count" not in kw:
+            kw["count"] = first.size if first is not None else 0
+        loss = None
+        if "loss" in wants and "loss" not in kw:
+            loss = self.empty((1,))
+            kw["loss"] = self.address(loss)
         self.launches += 1
-        return fn(*call, stream=self.current.handle)
+        out = fn(**kw, stream=self.current.handle)
+        return float(self.to_host(loss)[0]) if loss is not None else out
