@@ -91,6 +91,14 @@ def build_cuda_library(build_temp, lib_dir):
                     os.path.join(lib_dir, "libminidl_cuda.so")] + objects, check=True)
 
 
+def remove_cuda_files(package_dir):
+    for path in (glob.glob(os.path.join(package_dir, "_cuda.*.so")) +
+                 [os.path.join(package_dir, "lib", "libminidl_cuda.so"),
+                  os.path.join(package_dir, "include", "minidl_cuda.h")]):
+        if os.path.exists(path):
+            os.remove(path)
+
+
 class build_ext(_build_ext):
     def build_extensions(self):
         cc = self.compiler
@@ -115,6 +123,8 @@ class build_ext(_build_ext):
         if NVCC:
             shutil.copy(os.path.join("include", "minidl_cuda.h"), inc_dir)
             build_cuda_library(self.build_temp, lib_dir)
+        else:  # nothing of an earlier CUDA build may end up in this one
+            remove_cuda_files(os.path.join(self.build_lib, "minidl"))
         for ext in self.extensions:
             ext.extra_compile_args = [f for f in BASE_FLAGS if f != "-std=c11"] + ["-Wno-unused-function"]
             if ext.name == "minidl._cuda":  # links the CUDA library, found next to it at run time
@@ -128,6 +138,8 @@ class build_ext(_build_ext):
     def copy_extensions_to_source(self):
         """For in-place builds, the libraries and header go next to minidl/_C too."""
         super().copy_extensions_to_source()
+        if not NVCC:
+            remove_cuda_files(os.path.join(HERE, "minidl"))
         for sub in ("lib", "include"):
             shutil.copytree(os.path.join(self.build_lib, "minidl", sub),
                             os.path.join(HERE, "minidl", sub), dirs_exist_ok=True)
