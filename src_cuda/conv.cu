@@ -237,6 +237,7 @@ static mdl_status check_workspace(const char *fn, const conv_geom &g, const void
     if (ws != NULL && bytes < need)
         return mdl_cuda_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
                               bytes, need);
+    MDL_CHECK(((uintptr_t)ws & 3) == 0, "%s: workspace must be 4-byte aligned, got %p", fn, ws);
     return MDL_OK;
 }
 
