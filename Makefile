@@ -7,7 +7,7 @@
 #   make install PREFIX=/usr/local   install the libraries, headers and minidl.pc
 #   make train      installs what is missing, builds, trains cifar10_quick on CIFAR-10
 #                   (DATA=dir for the data root, ARGS="..." for more `minidl train` options)
-#   make test       everything, then the C API test (via pkg-config) and pytest
+#   make test       everything (with `make cuda` when nvcc is found), then the C API tests and pytest
 #   make sanitize   the C test and a pytest subset under AddressSanitizer + UBSan
 #   make bench      the benchmarks under bench/
 PYTHON  ?= python3
@@ -135,7 +135,7 @@ endif
 test-py: ext
 	$(PYTHON) -m pytest -q tests
 
-test: test-c test-py
+test: $(if $(NVCC),cuda) test-c test-py
 
 # ---- sanitizers ----------------------------------------------------------------------
 $(BUILD)/asan/%.o: src_c/%.c $(HDRS)

@@ -66,7 +66,10 @@ def find_nvcc():
 
 
 NVCC = None if SANITIZE else find_nvcc()
-print(f"minidl: CUDA kernels {'with ' + NVCC if NVCC else 'left out (no nvcc or MINIDL_CUDA=0)'}")
+print("minidl: CUDA kernels " + (
+    f"built with {NVCC}" if NVCC else "left out of the sanitizer build" if SANITIZE else
+    "left out (MINIDL_CUDA=0)" if os.environ.get("MINIDL_CUDA") == "0" else
+    "left out (no nvcc on PATH or in $CUDA_HOME/bin)"))
 
 
 def build_cuda_library(build_temp, lib_dir):
