@@ -319,6 +319,18 @@ def test_relu_in_place(gpu, rng):
     check(gpu.down(px, 513), ops.relu(x), "exact")
 
 
+def test_on_a_stream(gpu, rng):
+    """Kernels run on the stream they are given (a pycuda Stream's handle)."""
+    stream = drv.Stream()
+    x, w = f32(rng, 4, 3, 9, 9), f32(rng, 5, 3, 3, 3)
+    shape = (4, 3, 9, 9, 5, 3, 3, 1, 1, 1, 1)
+    px, py, pz = gpu.up(x), gpu.empty((4, 5, 9, 9)), gpu.empty((4, 5, 9, 9))
+    cuda.conv2d_forward(shape, px, gpu.up(w), 0, py, stream=stream.handle)
+    cuda.relu_forward(py, pz, 4 * 5 * 81, stream=stream.handle)
+    stream.synchronize()
+    check(gpu.down(pz, (4, 5, 9, 9)), ops.relu(ops.conv2d(x, w, padding=1)), "conv")
+
+
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.9])
 @pytest.mark.parametrize("seed", [0, 12345, 2**63 + 7])

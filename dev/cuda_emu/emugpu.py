@@ -32,6 +32,9 @@ class Device:
 class Context:
     @staticmethod
     def pop(): pass
-drv.init, drv.Device, drv.Context = (lambda: None), Device, Context
+class Stream:
+    handle = 0  # the emulation runs every launch at once, in order
+    def synchronize(self): pass
+drv.init, drv.Device, drv.Context, drv.Stream = (lambda: None), Device, Context, Stream
 pkg = types.ModuleType("pycuda"); pkg.driver = drv
 sys.modules["pycuda"] = pkg; sys.modules["pycuda.driver"] = drv
