@@ -2,10 +2,12 @@
 #
 #   make            the Python extension, in place (same as `make ext`)
 #   make lib        build/lib/libminidl.{so,a}, build/include/minidl.h, build/lib/pkgconfig/minidl.pc
-#   make install PREFIX=/usr/local   install the library, header and minidl.pc
+#                   (and the CUDA library and header when nvcc is found)
+#   make cuda       build/lib/libminidl_cuda.so from src_cuda/ with nvcc (no GPU needed)
+#   make install PREFIX=/usr/local   install the libraries, headers and minidl.pc
 #   make train      installs what is missing, builds, trains cifar10_quick on CIFAR-10
 #                   (DATA=dir for the data root, ARGS="..." for more `minidl train` options)
-#   make test       everything, then the C API test (via pkg-config) and pytest
+#   make test       everything (with `make cuda` when nvcc is found), then the C API tests and pytest
 #   make sanitize   the C test and a pytest subset under AddressSanitizer + UBSan
 #   make bench      the benchmarks under bench/
 PYTHON  ?= python3
@@ -24,7 +26,22 @@ HDRS := $(wildcard src_c/*.h) include/minidl.h
 OBJS := $(patsubst src_c/%.c,$(BUILD)/obj/%.o,$(SRCS))
 SAN_OBJS := $(patsubst src_c/%.c,$(BUILD)/asan/%.o,$(SRCS))
 
-.PHONY: all deps ext lib install train test test-c test-py sanitize bench clean
+# nvcc on PATH or in $CUDA_HOME/bin (NVCC=... overrides); said once, at the top level
+ifeq ($(origin NVCC),undefined)
+NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc)))
+endif
+ifeq ($(MAKELEVEL),0)
+$(info minidl: $(if $(NVCC),nvcc found at $(NVCC) -- the CUDA kernels are built too,no nvcc on PATH or in CUDA_HOME -- CPU only))
+endif
+CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -O3 -std=c++17 --compiler-options -fPIC,-fvisibility=hidden -Werror all-warnings \
+             -Iinclude $(CUDA_ARCH)
+CU_SRCS := $(wildcard src_cuda/*.cu)
+CU_HDRS := $(wildcard src_cuda/*.cuh) include/minidl.h include/minidl_cuda.h
+CU_OBJS := $(patsubst src_cuda/%.cu,$(BUILD)/cuda/%.o,$(CU_SRCS))
+
+.PHONY: all deps ext lib cuda install train test test-c test-py sanitize bench clean
 all: ext
 
 # the build and test requirements, installed only when one is missing
@@ -61,13 +78,38 @@ $(BUILD)/lib/pkgconfig/minidl.pc: minidl.pc.in pyproject.toml
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@VERSION@|$(VERSION)|' $< > $@
 
-lib: $(BUILD)/lib/libminidl.so $(BUILD)/lib/libminidl.a $(BUILD)/include/minidl.h $(BUILD)/lib/pkgconfig/minidl.pc
+lib: $(BUILD)/lib/libminidl.so $(BUILD)/lib/libminidl.a $(BUILD)/include/minidl.h \
+     $(BUILD)/lib/pkgconfig/minidl.pc $(if $(NVCC),cuda)
+
+# ---- the CUDA library: one nvcc per file (make -j runs them in parallel), the CUDA
+# runtime linked in statically and kept private, so users need only the driver -----
+$(BUILD)/cuda/%.o: src_cuda/%.cu $(CU_HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/lib/libminidl_cuda.so: $(CU_OBJS)
+	@mkdir -p $(dir $@)
+	$(NVCC) -shared -cudart static -Xlinker --exclude-libs,ALL,-soname,libminidl_cuda.so -o $@ $^
+
+$(BUILD)/include/minidl_cuda.h: include/minidl_cuda.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+ifneq ($(NVCC),)
+cuda: $(BUILD)/lib/libminidl_cuda.so $(BUILD)/include/minidl_cuda.h
+else
+cuda:
+	@echo "make cuda: nvcc is neither on PATH nor in CUDA_HOME (or set NVCC=...)"; exit 1
+endif
 
 install: lib
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 644 $(BUILD)/include/minidl.h $(DESTDIR)$(PREFIX)/include/
 	install -m 755 $(BUILD)/lib/libminidl.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(BUILD)/lib/libminidl.a $(DESTDIR)$(PREFIX)/lib/
+	if [ -f $(BUILD)/lib/libminidl_cuda.so ]; then \
+	    install -m 644 $(BUILD)/include/minidl_cuda.h $(DESTDIR)$(PREFIX)/include/ && \
+	    install -m 755 $(BUILD)/lib/libminidl_cuda.so $(DESTDIR)$(PREFIX)/lib/; fi
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' minidl.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/minidl.pc
 
@@ -84,11 +126,16 @@ test-c: lib
 	    $$(PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig pkg-config --static --cflags minidl) \
 	    $(STAGE)/lib/libminidl.a $$(PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig pkg-config --static --libs-only-other minidl) -lm
 	$(BUILD)/test_capi_static
+ifneq ($(NVCC),)
+	$(CC) -std=c11 -Wall -Wextra tests/c/test_cuda_capi.c -o $(BUILD)/test_cuda_capi \
+	    -I$(STAGE)/include -L$(STAGE)/lib -lminidl_cuda -Wl,-rpath,$(STAGE)/lib
+	$(BUILD)/test_cuda_capi
+endif
 
 test-py: ext
 	$(PYTHON) -m pytest -q tests
 
-test: test-c test-py
+test: $(if $(NVCC),cuda) test-c test-py
 
 # ---- sanitizers ----------------------------------------------------------------------
 $(BUILD)/asan/%.o: src_c/%.c $(HDRS)
@@ -111,4 +158,4 @@ bench: ext
 	$(PYTHON) bench/bench_gemm.py
 
 clean:
-	rm -rf $(BUILD) minidl/_C.c minidl/*.so minidl/lib minidl/include
+	rm -rf $(BUILD) minidl/_C.c minidl/_cuda.c minidl/*.so minidl/lib minidl/include

@@ -7,10 +7,19 @@ so that other tools can link the copy installed with the package
 Files named *_avx2.c get -mavx2 -mfma; everything else is built for the
 baseline CPU, and the kernels pick the AVX2 versions at run time.
 MINIDL_SANITIZE=1 builds with AddressSanitizer and UBSan.
+
+CUDA: when nvcc is found (on PATH or in $CUDA_HOME/bin) the kernels of
+src_cuda/ are compiled too (one nvcc per file, in parallel) and linked, with
+the CUDA runtime static, into minidl/lib/libminidl_cuda.so, with
+minidl_cuda.h beside minidl.h and the binding minidl._cuda.  MINIDL_CUDA=0
+leaves them out, MINIDL_CUDA=1 makes a missing nvcc an error.
 """
+import concurrent.futures
 import glob
 import os
 import shutil
+import subprocess
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext as _build_ext
@@ -29,6 +38,68 @@ if SANITIZE:
         "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all"]
 LINK_FLAGS = ["-fopenmp"] + (["-fsanitize=address,undefined"] if SANITIZE else [])
+
+CUDA_SOURCES = sorted(glob.glob("src_cuda/*.cu"))
+CUDA_HEADERS = sorted(glob.glob("src_cuda/*.cuh")) + ["include/minidl.h", "include/minidl_cuda.h"]
+# sm_80 (A100) and sm_90 (H100) machine code, plus PTX the driver compiles for newer GPUs
+CUDA_ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+             "-gencode", "arch=compute_90,code=compute_90"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "--compiler-options", "-fPIC,-fvisibility=hidden",
+              "-Werror", "all-warnings", "-Iinclude"] + CUDA_ARCH
+
+
+def find_nvcc():
+    """nvcc on PATH, else in $CUDA_HOME/bin, else None; MINIDL_CUDA=0/1 forces off/on."""
+    flag = os.environ.get("MINIDL_CUDA", "")
+    if flag not in ("", "0", "1"):
+        sys.exit(f"MINIDL_CUDA must be 0 or 1, got {flag!r}")
+    if flag == "0":
+        return None
+    nvcc = shutil.which("nvcc")
+    home = os.environ.get("CUDA_HOME")
+    if nvcc is None and home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        nvcc = os.path.join(home, "bin", "nvcc")
+    if nvcc is None and flag == "1":
+        sys.exit("MINIDL_CUDA=1 but nvcc is neither on PATH nor in $CUDA_HOME/bin: "
+                 "install the CUDA toolkit or set CUDA_HOME")
+    return nvcc
+
+
+NVCC = None if SANITIZE else find_nvcc()
+print("minidl: CUDA kernels " + (
+    f"built with {NVCC}" if NVCC else "left out of the sanitizer build" if SANITIZE else
+    "left out (MINIDL_CUDA=0)" if os.environ.get("MINIDL_CUDA") == "0" else
+    "left out (no nvcc on PATH or in $CUDA_HOME/bin)"))
+
+
+def build_cuda_library(build_temp, lib_dir):
+    """src_cuda/*.cu -> objects (skipped when up to date) -> lib_dir/libminidl_cuda.so."""
+    obj_dir = os.path.join(build_temp, "cuda")
+    os.makedirs(obj_dir, exist_ok=True)
+    newest_header = max(os.path.getmtime(h) for h in CUDA_HEADERS)
+
+    def compile_one(src):
+        obj = os.path.join(obj_dir, os.path.basename(src)[:-3] + ".o")
+        if (os.path.exists(obj) and
+                os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)):
+            return obj
+        subprocess.run([NVCC] + NVCC_FLAGS + ["-c", src, "-o", obj], check=True)
+        return obj
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        objects = list(pool.map(compile_one, CUDA_SOURCES))
+    # --exclude-libs: the static CUDA runtime's symbols stay private to the library
+    subprocess.run([NVCC, "-shared", "-cudart", "static", "-Xlinker",
+                    "--exclude-libs,ALL,-soname,libminidl_cuda.so", "-o",
+                    os.path.join(lib_dir, "libminidl_cuda.so")] + objects, check=True)
+
+
+def remove_cuda_files(package_dir):
+    for path in (glob.glob(os.path.join(package_dir, "_cuda.*.so")) +
+                 [os.path.join(package_dir, "lib", "libminidl_cuda.so"),
+                  os.path.join(package_dir, "include", "minidl_cuda.h")]):
+        if os.path.exists(path):
+            os.remove(path)
 
 
 class build_ext(_build_ext):
@@ -52,15 +123,26 @@ class build_ext(_build_ext):
                               extra_postargs=LINK_FLAGS + ["-Wl,-soname,libminidl.so"],
                               libraries=["m"])
         cc.create_static_lib(objects, "minidl", output_dir=lib_dir)
+        if NVCC:
+            shutil.copy(os.path.join("include", "minidl_cuda.h"), inc_dir)
+            build_cuda_library(self.build_temp, lib_dir)
+        else:  # nothing of an earlier CUDA build may end up in this one
+            remove_cuda_files(os.path.join(self.build_lib, "minidl"))
         for ext in self.extensions:
-            ext.extra_objects = objects
             ext.extra_compile_args = [f for f in BASE_FLAGS if f != "-std=c11"] + ["-Wno-unused-function"]
+            if ext.name == "minidl._cuda":  # links the CUDA library, found next to it at run time
+                ext.library_dirs = [lib_dir]
+                ext.extra_link_args = ["-Wl,-rpath,$ORIGIN/lib"]
+                continue
+            ext.extra_objects = objects
             ext.extra_link_args = LINK_FLAGS
         super().build_extensions()
 
     def copy_extensions_to_source(self):
         """For in-place builds, the libraries and header go next to minidl/_C too."""
         super().copy_extensions_to_source()
+        if not NVCC:
+            remove_cuda_files(os.path.join(HERE, "minidl"))
         for sub in ("lib", "include"):
             shutil.copytree(os.path.join(self.build_lib, "minidl", sub),
                             os.path.join(HERE, "minidl", sub), dirs_exist_ok=True)
@@ -69,9 +151,12 @@ class build_ext(_build_ext):
 def cython_extensions():
     from Cython.Build import cythonize
     # depends: relink _C whenever a core source or header changes
-    ext = Extension("minidl._C", ["minidl/_C.pyx"], include_dirs=["include"], libraries=["m"],
-                    depends=CORE_SOURCES + CORE_HEADERS)
-    return cythonize([ext], language_level=3, compiler_directives={
+    exts = [Extension("minidl._C", ["minidl/_C.pyx"], include_dirs=["include"], libraries=["m"],
+                      depends=CORE_SOURCES + CORE_HEADERS)]
+    if NVCC:
+        exts.append(Extension("minidl._cuda", ["minidl/_cuda.pyx"], include_dirs=["include"],
+                              libraries=["minidl_cuda"], depends=CUDA_SOURCES + CUDA_HEADERS))
+    return cythonize(exts, language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "initializedcheck": False})
 
 

@@ -69,7 +69,8 @@ typedef enum mdl_status {
     MDL_ERR_ARG = 1,         /* invalid argument: NULL pointer, bad size or shape */
     MDL_ERR_WORKSPACE = 2,   /* the workspace given is smaller than required */
     MDL_ERR_ALLOC = 3,       /* out of memory */
-    MDL_ERR_UNSUPPORTED = 4  /* not available on this CPU or in this build */
+    MDL_ERR_UNSUPPORTED = 4, /* not available on this CPU or in this build */
+    MDL_ERR_DEVICE = 5       /* a GPU error (minidl_cuda.h): no device, launch failure, ... */
 } mdl_status;
 
 /* A constant string naming the status ("ok", "invalid argument", ...). */

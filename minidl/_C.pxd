@@ -8,6 +8,7 @@ cdef extern from "minidl.h" nogil:
         MDL_ERR_WORKSPACE
         MDL_ERR_ALLOC
         MDL_ERR_UNSUPPORTED
+        MDL_ERR_DEVICE
     const char *mdl_status_string(mdl_status status)
     const char *mdl_last_error()
     const char *mdl_version()

@@ -30,6 +30,7 @@ const char *mdl_status_string(mdl_status status)
     case MDL_ERR_WORKSPACE: return "workspace too small";
     case MDL_ERR_ALLOC: return "out of memory";
     case MDL_ERR_UNSUPPORTED: return "unsupported";
+    case MDL_ERR_DEVICE: return "device error";
     }
     return "unknown status";
 }

@@ -1,0 +1,103 @@
+# Mirror of include/minidl_cuda.h, one to one (minidl.h's types come from _C.pxd).
+from libc.stdint cimport int64_t, uint64_t
+from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape
+
+cdef extern from "minidl_cuda.h" nogil:
+    ctypedef struct CUstream_st
+    ctypedef CUstream_st *mdl_cuda_stream
+
+    mdl_status mdl_cuda_device_count(int *n)
+    const char *mdl_cuda_last_error()
+    mdl_status mdl_cuda_synchronize(mdl_cuda_stream stream)
+
+    size_t mdl_cuda_sgemm_workspace_size(int64_t m, int64_t n, int64_t k)
+    mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                              float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                              float beta, float *c, int64_t ldc, void *workspace,
+                              size_t workspace_bytes, mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out,
+                                           int64_t *w_out)
+    size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s)
+    mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                       const float *bias, float *y, void *workspace,
+                                       size_t workspace_bytes, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
+                                             const float *w, float *dx, void *workspace,
+                                             size_t workspace_bytes, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
+                                                const float *dy, float *dw, int accumulate,
+                                                void *workspace, size_t workspace_bytes,
+                                                mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
+                                             float *db, int accumulate, mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out,
+                                           int64_t *w_out)
+    mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
+                                           mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
+                                            const float *dy, float *dx, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
+                                           mdl_cuda_stream stream)
+    mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,
+                                            float *dx, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                  const float *x, float *y,
+                                                  mdl_cuda_stream stream)
+    mdl_status mdl_cuda_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                   const float *dy, float *dx,
+                                                   mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_relu_forward(int64_t count, const float *x, float *y,
+                                     mdl_cuda_stream stream)
+    mdl_status mdl_cuda_relu_backward(int64_t count, const float *x, const float *dy, float *dx,
+                                      mdl_cuda_stream stream)
+    mdl_status mdl_cuda_add(int64_t count, const float *a, const float *b, float *y,
+                            mdl_cuda_stream stream)
+    mdl_status mdl_cuda_dropout_forward(int64_t count, float p, uint64_t seed, const float *x,
+                                        float *y, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_dropout_backward(int64_t count, float p, uint64_t seed, const float *dy,
+                                         float *dx, mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const float *x,
+                                                 const float *gamma, const float *beta, float eps,
+                                                 float momentum, float *running_mean,
+                                                 float *running_var, float *y, float *save_mean,
+                                                 float *save_invstd, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const float *x,
+                                                 const float *gamma, const float *beta,
+                                                 const float *running_mean,
+                                                 const float *running_var, float eps, float *y,
+                                                 mdl_cuda_stream stream)
+    mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                            const float *gamma, const float *dy,
+                                            const float *save_mean, const float *save_invstd,
+                                            float *dx, float *dgamma, float *dbeta,
+                                            int accumulate, mdl_cuda_stream stream)
+
+    size_t mdl_cuda_linear_workspace_size(int64_t n, int64_t in_, int64_t out)
+    mdl_status mdl_cuda_linear_forward(int64_t n, int64_t in_, int64_t out, const float *x,
+                                       const float *w, const float *b, float *y, void *workspace,
+                                       size_t workspace_bytes, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_linear_backward_data(int64_t n, int64_t in_, int64_t out,
+                                             const float *dy, const float *w, float *dx,
+                                             void *workspace, size_t workspace_bytes,
+                                             mdl_cuda_stream stream)
+    mdl_status mdl_cuda_linear_backward_weights(int64_t n, int64_t in_, int64_t out,
+                                                const float *x, const float *dy, float *dw,
+                                                float *db, int accumulate, void *workspace,
+                                                size_t workspace_bytes, mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_softmax_cross_entropy(int64_t n, int64_t classes, const float *logits,
+                                              const int64_t *labels, float *loss, float *dlogits,
+                                              mdl_cuda_stream stream)
+
+    mdl_status mdl_cuda_sgd_step(int64_t count, float *param, const float *grad,
+                                 float *momentum_buf, float lr, float momentum, float dampening,
+                                 float weight_decay, int nesterov, int first_step,
+                                 mdl_cuda_stream stream)
+    mdl_status mdl_cuda_adam_step(int64_t count, float *param, const float *grad,
+                                  float *exp_avg, float *exp_avg_sq, int64_t step, float lr,
+                                  float beta1, float beta2, float eps, float weight_decay,
+                                  int decoupled, mdl_cuda_stream stream)

@@ -1,0 +1,253 @@
+/* batchnorm.cu -- BatchNorm over x (n, c, hw): statistics per channel over the
+ * m = n * hw values of that channel (as src_c/batchnorm.c).
+ *
+ * Training and backward run one block per channel: the block sums its channel
+ * in double (each thread a strided share, then a fixed-order tree), thread 0
+ * turns the sums into statistics and coefficients with the CPU's formulas
+ * (src_c/batchnorm.h), and the block then writes y or dx.  The training sums are
+ * shifted by the channel's first value K (d = x - K), so one pass gives
+ *     mean = K + sum(d) / m,   var = sum(d^2) / m - (sum(d) / m)^2.
+ * Inference is elementwise. */
+#include <math.h>
+#include "common.cuh"
+
+#define BN_THREADS 512
+
+namespace {
+
+/* src_c/batchnorm.h: mdl_bn_finish_train */
+__device__ void finish_train(int64_t m, double k, double sd, double sd2, float gamma, float beta,
+                             float eps, float momentum, float *rm, float *rv, float *save_mean,
+                             float *save_invstd, float *mf, float *scale, float *shift)
+{
+    double dm = sd / (double)m;
+    double mean = k + dm;
+    double var = sd2 / (double)m - dm * dm;
+    if (var < 0.0) var = 0.0; /* rounding only; NaN stays NaN */
+    double invstd = 1.0 / sqrt(var + (double)eps);
+    float meanf = (float)mean;
+    *save_mean = meanf;
+    *save_invstd = (float)invstd;
+    if (rm) {
+        double mom = (double)momentum;
+        double unbiased = var * (double)m / (double)(m - 1);
+        *rm = (float)((1.0 - mom) * (double)*rm + mom * mean);
+        *rv = (float)((1.0 - mom) * (double)*rv + mom * unbiased);
+    }
+    double s = invstd * (double)gamma;
+    *mf = meanf;
+    *scale = (float)s;
+    *shift = (float)((double)beta - (mean - (double)meanf) * s);
+}
+
+/* src_c/batchnorm.h: mdl_bn_finish_backward */
+__device__ void finish_backward(int64_t m, double sdy, double sdyd, float gamma, float invstd,
+                                float *dgamma, float *dbeta, int accumulate, float *a, float *b,
+                                float *c0)
+{
+    double is = (double)invstd;
+    double dg = sdyd * is;
+    if (accumulate) {
+        *dgamma = (float)((double)*dgamma + dg);
+        *dbeta = (float)((double)*dbeta + sdy);
+    } else {
+        *dgamma = (float)dg;
+        *dbeta = (float)sdy;
+    }
+    double ga = (double)gamma * is;
+    *a = (float)ga;
+    *b = (float)(-ga * is * dg / (double)m);
+    *c0 = (float)(-ga * sdy / (double)m);
+}
+
+/* The values of channel ch, q = i * hw + j over [0, n*hw), visited by this thread at
+ * q = threadIdx.x, + blockDim.x, ...: calls f(offset of (i, ch, j) in (n, c, hw)). */
+template <class F>
+__device__ __forceinline__ void for_channel(int64_t n, int64_t c, int64_t hw, int64_t ch, F f)
+{
+    const int64_t step_i = blockDim.x / hw, step_j = blockDim.x % hw;
+    int64_t i = threadIdx.x / hw, j = threadIdx.x % hw;
+    for (; i < n;) {
+        f((i * c + ch) * hw + j);
+        i += step_i;
+        j += step_j;
+        if (j >= hw) {
+            j -= hw;
+            i++;
+        }
+    }
+}
+
+/* channel blockIdx.x of x, y (n, c, hw): statistics (saved, running ones updated), then y */
+__global__ void __launch_bounds__(BN_THREADS)
+bn_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, const float *beta,
+         float eps, float momentum, float *rm, float *rv, float *y, float *save_mean,
+         float *save_invstd)
+{
+    __shared__ double scratch[32];
+    __shared__ float coef[3];
+    const int64_t ch = blockIdx.x;
+    const double k = (double)x[ch * hw]; /* image 0, channel ch, first value */
+    double sd = 0.0, sd2 = 0.0;
+    for_channel(n, c, hw, ch, [&](int64_t o) {
+        const double d = (double)x[o] - k;
+        sd += d;
+        sd2 += d * d;
+    });
+    sd = mdl_block_sum(sd, scratch);
+    sd2 = mdl_block_sum(sd2, scratch);
+    if (threadIdx.x == 0) {
+        float mf, scale, shift;
+        finish_train(n * hw, k, sd, sd2, gamma[ch], beta[ch], eps, momentum, rm ? rm + ch : NULL,
+                     rv ? rv + ch : NULL, save_mean + ch, save_invstd + ch, &mf, &scale, &shift);
+        coef[0] = mf;
+        coef[1] = scale;
+        coef[2] = shift;
+    }
+    __syncthreads();
+    const float mf = coef[0], scale = coef[1], shift = coef[2];
+    for_channel(n, c, hw, ch, [&](int64_t o) { y[o] = (x[o] - mf) * scale + shift; });
+}
+
+/* x, y (n, c, hw): y = (x - rm) * gamma / sqrt(rv + eps) + beta, elementwise */
+__global__ void bn_infer(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma,
+                         const float *beta, const float *rm, const float *rv, float eps, float *y)
+{
+    const int64_t total = n * c * hw;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t ch = (i / hw) % c;
+        const float scale = (float)((double)gamma[ch] / sqrt((double)rv[ch] + (double)eps));
+        y[i] = (x[i] - rm[ch]) * scale + beta[ch];
+    }
+}
+
+/* channel blockIdx.x of x, dy, dx (n, c, hw): sums, dgamma/dbeta (= or +=), then dx */
+__global__ void __launch_bounds__(BN_THREADS)
+bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma,
+            const float *dy, const float *mean, const float *invstd, float *dx, float *dgamma,
+            float *dbeta, int accumulate)
+{
+    __shared__ double scratch[32];
+    __shared__ float coef[3];
+    const int64_t ch = blockIdx.x;
+    const float mu = mean[ch];
+    double sdy = 0.0, sdyd = 0.0;
+    for_channel(n, c, hw, ch, [&](int64_t o) {
+        const float g = dy[o];
+        sdy += g;
+        sdyd += (double)g * (double)(x[o] - mu);
+    });
+    sdy = mdl_block_sum(sdy, scratch);
+    sdyd = mdl_block_sum(sdyd, scratch);
+    if (threadIdx.x == 0) {
+        float a, b, c0;
+        finish_backward(n * hw, sdy, sdyd, gamma[ch], invstd[ch], dgamma + ch, dbeta + ch,
+                        accumulate, &a, &b, &c0);
+        coef[0] = a;
+        coef[1] = b;
+        coef[2] = c0;
+    }
+    __syncthreads();
+    const float a = coef[0], b = coef[1], c0 = coef[2];
+    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = dy[o] * a + (x[o] - mu) * b + c0; });
+}
+
+} /* namespace */
+
+/* ---- checks and launches (src_c/batchnorm.c) ------------------------------------ */
+
+static mdl_status check_shape(const char *fn, int64_t n, int64_t c, int64_t hw)
+{
+    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
+    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
+    MDL_CHECK(hw >= 1, "%s: hw must be >= 1, got %lld", fn, (long long)hw);
+    MDL_CHECK(n <= INT64_MAX / c / hw,
+              "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)", fn, (long long)n,
+              (long long)c, (long long)hw);
+    if (c > 2147483647LL)
+        return mdl_cuda_error(MDL_ERR_UNSUPPORTED, "%s: c must be below 2^31 (a block per "
+                              "channel), got %lld", fn, (long long)c);
+    return MDL_OK;
+}
+
+static mdl_status check_eps(const char *fn, float eps)
+{
+    MDL_CHECK(eps >= 0.0f && isfinite(eps), "%s: eps must be finite and >= 0, got %g", fn,
+              (double)eps);
+    return MDL_OK;
+}
+
+mdl_status mdl_cuda_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const float *x,
+                                             const float *gamma, const float *beta, float eps,
+                                             float momentum, float *running_mean,
+                                             float *running_var, float *y, float *save_mean,
+                                             float *save_invstd, mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_forward_train";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
+    MDL_CHECK(momentum >= 0.0f && momentum <= 1.0f, "%s: momentum must be in [0, 1], got %g",
+              fn, (double)momentum);
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(y);
+    MDL_CHECK_PTR(save_mean);
+    MDL_CHECK_PTR(save_invstd);
+    MDL_CHECK((running_mean == NULL) == (running_var == NULL),
+              "%s: running_mean and running_var must be both given or both NULL, got %s NULL",
+              fn, running_mean == NULL ? "only running_mean" : "only running_var");
+    MDL_CHECK(n * hw > 1,
+              "%s: expected more than 1 value per channel when training, got n * hw = %lld",
+              fn, (long long)(n * hw));
+    bn_train<<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, beta, eps, momentum,
+                                                     running_mean, running_var, y, save_mean,
+                                                     save_invstd);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const float *x,
+                                             const float *gamma, const float *beta,
+                                             const float *running_mean,
+                                             const float *running_var, float eps, float *y,
+                                             mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_forward_infer";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(running_mean);
+    MDL_CHECK_PTR(running_var);
+    MDL_CHECK_PTR(y);
+    bn_infer<<<mdl_ew_blocks(n * c * hw), MDL_EW_THREADS, 0, stream>>>(
+        n, c, hw, x, gamma, beta, running_mean, running_var, eps, y);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                        const float *gamma, const float *dy,
+                                        const float *save_mean, const float *save_invstd,
+                                        float *dx, float *dgamma, float *dbeta, int accumulate,
+                                        mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_backward";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(save_mean);
+    MDL_CHECK_PTR(save_invstd);
+    MDL_CHECK_PTR(dx);
+    MDL_CHECK_PTR(dgamma);
+    MDL_CHECK_PTR(dbeta);
+    bn_backward<<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
+                                                        save_invstd, dx, dgamma, dbeta,
+                                                        accumulate);
+    return mdl_cuda_launched(fn);
+}

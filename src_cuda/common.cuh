@@ -1,0 +1,67 @@
+/* common.cuh -- internal helpers shared by the CUDA kernel files (not installed):
+ * errors and argument checks (as src_c/common.h), launch checks, grid sizes,
+ * and deterministic warp/block reductions. */
+#ifndef MDL_CUDA_COMMON_CUH
+#define MDL_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "minidl_cuda.h"
+
+/* Record `status` with a printf-style message for mdl_cuda_last_error() and return it. */
+mdl_status mdl_cuda_error(mdl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* After a launch: the status of cudaGetLastError(), with a message naming `fn`. */
+mdl_status mdl_cuda_launched(const char *fn);
+
+/* Argument checks: return MDL_ERR_ARG with a message from the enclosing function. */
+#define MDL_CHECK(cond, ...)                                        \
+    do {                                                            \
+        if (!(cond)) return mdl_cuda_error(MDL_ERR_ARG, __VA_ARGS__); \
+    } while (0)
+#define MDL_CHECK_PTR(p) MDL_CHECK((p) != NULL, "%s: %s must not be NULL", __func__, #p)
+#define MDL_CHECK_NONNEG(v) \
+    MDL_CHECK((v) >= 0, "%s: %s must be >= 0, got %lld", __func__, #v, (long long)(v))
+#define MDL_CHECK_POS(v) \
+    MDL_CHECK((v) >= 1, "%s: %s must be >= 1, got %lld", __func__, #v, (long long)(v))
+
+/* Elementwise kernels: 256 threads, a grid-stride loop over at most this many blocks. */
+#define MDL_EW_THREADS 256
+static inline unsigned mdl_ew_blocks(int64_t count)
+{
+    int64_t b = (count + MDL_EW_THREADS - 1) / MDL_EW_THREADS;
+    return (unsigned)(b < 8192 ? (b < 1 ? 1 : b) : 8192);
+}
+
+/* ---- deterministic reductions: a fixed tree, the same on every run -------------- */
+
+template <class T>
+__device__ __forceinline__ T mdl_warp_sum(T v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return v; /* complete in lane 0 */
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024); the result
+ * is returned to every thread.  `scratch` holds 32 T in shared memory; the call
+ * synchronises the block, so every thread must reach it. */
+template <class T>
+__device__ T mdl_block_sum(T v, T *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = mdl_warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T t = lane < warps ? scratch[lane] : T(0);
+        t = mdl_warp_sum(t);
+        if (lane == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+#endif /* MDL_CUDA_COMMON_CUH */

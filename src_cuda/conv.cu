@@ -1,0 +1,317 @@
+/* conv.cu -- 2-D convolution (cross-correlation, NCHW, zero padding), forward
+ * and the three gradients, as implicit GEMMs on the tiled kernel of gemm.cuh:
+ * the im2col matrix is never stored, its elements are gathered as the tiles
+ * load (zero in the padding).  Shapes: K = c_in*kh*kw, P = h_out*w_out.
+ *   forward           y (c_out, n*P)     = w (c_out, K) @ col (K, n*P)          + bias
+ *   backward_data     dx (c_in, n*h*w)   = w^T gathered (c_in, c_out*kh*kw) @ dy gathered
+ *                     (the transposed convolution as a gather: no scatter, no atomics)
+ *   backward_weights  dw (c_out, K)      = dy (c_out, n*P) @ col^T (n*P, K), split over n*P
+ *                     into slices whose partial sums the workspace holds, added in order
+ *   backward_bias     db (c_out)         = sum of dy over n and P, a block per channel
+ * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1).
+ * Argument checks as in src_c/conv.c. */
+#include "gemm.cuh"
+
+/* ---- shape checks ------------------------------------------------------------------ */
+
+#define SIZE_LIMIT 2147483647LL
+#define COUNT_LIMIT 1152921504606846976.0 /* 2^60 */
+
+namespace {
+
+struct conv_geom {
+    int n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, ho, wo;
+    int K, P; /* c_in*kh*kw, ho*wo */
+};
+
+mdl_status check_shape(const char *fn, const mdl_conv2d_shape *s, int64_t *ho, int64_t *wo)
+{
+    MDL_CHECK(s != NULL, "%s: shape s must not be NULL", fn);
+#define FIELD_IN(f, lo)                                                               \
+    MDL_CHECK(s->f >= (lo) && s->f <= SIZE_LIMIT,                                     \
+              "%s: shape field %s must be in [%d, %lld], got %lld", fn, #f, (lo), SIZE_LIMIT, \
+              (long long)s->f)
+    FIELD_IN(n, 1);
+    FIELD_IN(c_in, 1);
+    FIELD_IN(h, 1);
+    FIELD_IN(w, 1);
+    FIELD_IN(c_out, 1);
+    FIELD_IN(kh, 1);
+    FIELD_IN(kw, 1);
+    FIELD_IN(stride_h, 1);
+    FIELD_IN(stride_w, 1);
+    FIELD_IN(pad_h, 0);
+    FIELD_IN(pad_w, 0);
+#undef FIELD_IN
+    int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    MDL_CHECK(hp >= s->kh && wp >= s->kw,
+              "%s: kernel size can't be greater than actual input size: kernel (kh, kw) = "
+              "(%lld, %lld), padded input (h + 2*pad_h, w + 2*pad_w) = (%lld, %lld)",
+              fn, (long long)s->kh, (long long)s->kw, (long long)hp, (long long)wp);
+    int64_t oh = (hp - s->kh) / s->stride_h + 1, ow = (wp - s->kw) / s->stride_w + 1;
+    double x_count = (double)s->n * s->c_in * s->h * s->w;
+    double y_count = (double)s->n * s->c_out * oh * ow;
+    double col_count = (double)s->c_in * s->kh * s->kw * oh * ow;
+    double w_count = (double)s->c_out * s->c_in * s->kh * s->kw;
+    MDL_CHECK(x_count <= COUNT_LIMIT && y_count <= COUNT_LIMIT && col_count <= COUNT_LIMIT &&
+                  w_count <= COUNT_LIMIT,
+              "%s: shape too large: x has %.0f elements, y %.0f, w %.0f, the column matrix %.0f "
+              "(limit 2^60)", fn, x_count, y_count, w_count, col_count);
+    *ho = oh;
+    *wo = ow;
+    return MDL_OK;
+}
+
+/* check_shape, then the limits of the CUDA kernels: every GEMM dimension and
+ * every padded extent below 2^30, so that 32-bit index arithmetic is exact. */
+mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
+{
+    int64_t ho, wo;
+    mdl_status st = check_shape(fn, s, &ho, &wo);
+    if (st != MDL_OK) return st;
+    const int64_t L = MDL_GEMM_LIMIT, K = s->c_in * s->kh * s->kw, P = ho * wo;
+    const int64_t Kt = s->c_out * s->kh * s->kw; /* backward_data's k */
+    if (s->h + 2 * s->pad_h >= L || s->w + 2 * s->pad_w >= L || K >= L || Kt >= L ||
+        s->c_in >= L || s->c_out >= L || s->n * P >= L || s->n * s->h * s->w >= L ||
+        !mdl::gemm_grid_ok(s->c_out, s->n * P) || !mdl::gemm_grid_ok(s->c_in, s->n * s->h * s->w) ||
+        !mdl::gemm_grid_ok(s->c_out, K))
+        return mdl_cuda_error(MDL_ERR_UNSUPPORTED,
+                              "%s: shape too large for the CUDA kernels: c_in*kh*kw = %lld, "
+                              "c_out*kh*kw = %lld, n*h_out*w_out = %lld, n*h*w = %lld, padded "
+                              "h, w = %lld, %lld (each must be below 2^30)", fn, (long long)K,
+                              (long long)Kt, (long long)(s->n * P), (long long)(s->n * s->h * s->w),
+                              (long long)(s->h + 2 * s->pad_h), (long long)(s->w + 2 * s->pad_w));
+    *g = {(int)s->n, (int)s->c_in, (int)s->h, (int)s->w, (int)s->c_out, (int)s->kh, (int)s->kw,
+          (int)s->stride_h, (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo,
+          (int)K, (int)P};
+    return MDL_OK;
+}
+
+/* ---- the three GEMM problems (see gemm.cuh for the interface) ---------------------- */
+
+/* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow) */
+struct ConvForward {
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    int M, N, K, kchunk;
+    conv_geom g;
+    const float *x, *w, *bias;
+    float *y;
+
+    __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
+    __device__ float b(int k, int j) const
+    {
+        const int img = j / g.P, p = j - img * g.P, oh = p / g.wo, ow = p - oh * g.wo;
+        const int khw = g.kh * g.kw, ci = k / khw, rs = k - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
+        const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
+        if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
+        return x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+    }
+    __device__ void store(int i, int j, float acc, int) const
+    {
+        const int img = j / g.P, p = j - img * g.P;
+        y[((int64_t)img * g.c_out + i) * g.P + p] = bias ? acc + bias[i] : acc;
+    }
+};
+
+/* dx (n, c_in, h*w) = sum over (co, r, s) of w[co, ci, r, s] * dy[img, co, oh, ow] where
+ * ih = oh*sh - ph + r, iw = ow*sw - pw + s: i = ci, k = (co, r, s), j = (img, ih, iw) */
+struct ConvBackwardData {
+    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    int M, N, K, kchunk;
+    conv_geom g;
+    const float *dy, *w;
+    float *dx;
+
+    __device__ float a(int i, int k) const
+    {
+        const int khw = g.kh * g.kw, co = k / khw, rs = k - co * khw;
+        return w[((int64_t)co * g.c_in + i) * khw + rs];
+    }
+    __device__ float b(int k, int j) const
+    {
+        const int khw = g.kh * g.kw, co = k / khw, rs = k - co * khw, r = rs / g.kw, s = rs - r * g.kw;
+        const int hw = g.h * g.w, img = j / hw, q = j - img * hw, ih = q / g.w, iw = q - ih * g.w;
+        const int th = ih + g.ph - r, tw = iw + g.pw - s; /* = oh*sh, ow*sw if this tap is used */
+        if (th < 0 || tw < 0) return 0.0f;
+        const int oh = th / g.sh, ow = tw / g.sw;
+        if (oh * g.sh != th || ow * g.sw != tw || oh >= g.ho || ow >= g.wo) return 0.0f;
+        return dy[(((int64_t)img * g.c_out + co) * g.ho + oh) * g.wo + ow];
+    }
+    __device__ void store(int i, int j, float acc, int) const
+    {
+        const int hw = g.h * g.w, img = j / hw, q = j - img * hw;
+        dx[((int64_t)img * g.c_in + i) * hw + q] = acc;
+    }
+};
+
+/* dw (c_out, K) = dy (c_out, n*P) @ col^T (n*P, K): i = co, k = (img, oh, ow), j = (ci, r, s).
+ * With part != NULL, slice z writes its partial sums to part[z] (c_out, K). */
+struct ConvBackwardWeights {
+    static constexpr bool A_K_FAST = true, B_K_FAST = true;
+    int M, N, K, kchunk;
+    conv_geom g;
+    const float *x, *dy;
+    float *dw, *part;
+    int accumulate;
+
+    __device__ float a(int i, int k) const
+    {
+        const int img = k / g.P, p = k - img * g.P;
+        return dy[((int64_t)img * g.c_out + i) * g.P + p];
+    }
+    __device__ float b(int k, int j) const
+    {
+        const int img = k / g.P, p = k - img * g.P, oh = p / g.wo, ow = p - oh * g.wo;
+        const int khw = g.kh * g.kw, ci = j / khw, rs = j - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
+        const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
+        if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
+        return x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+    }
+    __device__ void store(int i, int j, float acc, int z) const
+    {
+        const int64_t at = (int64_t)i * N + j;
+        if (part) {
+            part[(int64_t)z * M * N + at] = acc;
+        } else {
+            dw[at] = accumulate ? dw[at] + acc : acc;
+        }
+    }
+};
+
+/* dw[count] = or += the sum of the `splits` partial arrays part[z][count], z in order */
+__global__ void conv_splitk_reduce(int64_t count, int splits, const float *part, float *dw,
+                                   int accumulate)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < splits; z++) s += part[(int64_t)z * count + i];
+        dw[i] = accumulate ? dw[i] + s : s;
+    }
+}
+
+/* db (c_out) = or += sum of dy (n, c_out, P) over n and P: block co, a fixed-order tree */
+__global__ void conv_bias_grad(int n, int c_out, int P, const float *dy, float *db, int accumulate)
+{
+    __shared__ float scratch[32];
+    const int co = blockIdx.x;
+    float acc = 0.0f;
+    for (int q = threadIdx.x; q < n * P; q += blockDim.x) {
+        const int img = q / P, p = q - img * P;
+        acc += dy[((int64_t)img * c_out + co) * P + p];
+    }
+    acc = mdl_block_sum(acc, scratch);
+    if (threadIdx.x == 0) db[co] = accumulate ? db[co] + acc : acc;
+}
+
+} /* namespace */
+
+/* ---- public entry points -------------------------------------------------------------- */
+
+static size_t weights_workspace(const conv_geom &g, int *splits, int *kchunk)
+{
+    mdl::gemm_splitk_plan(g.c_out, g.K, (int64_t)g.n * g.P, splits, kchunk);
+    return *splits > 1 ? (size_t)*splits * (size_t)g.c_out * (size_t)g.K * sizeof(float) : 0;
+}
+
+mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out, int64_t *w_out)
+{
+    MDL_CHECK_PTR(h_out);
+    MDL_CHECK_PTR(w_out);
+    return check_shape(__func__, s, h_out, w_out);
+}
+
+size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s)
+{
+    conv_geom g;
+    int splits, kchunk;
+    if (geometry(__func__, s, &g) != MDL_OK) return 0;
+    return weights_workspace(g, &splits, &kchunk);
+}
+
+/* A given workspace must hold mdl_cuda_conv2d_workspace_size bytes, for every op alike. */
+static mdl_status check_workspace(const char *fn, const conv_geom &g, const void *ws, size_t bytes)
+{
+    int splits, kchunk;
+    size_t need = weights_workspace(g, &splits, &kchunk);
+    if (ws != NULL && bytes < need)
+        return mdl_cuda_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
+                              bytes, need);
+    MDL_CHECK(((uintptr_t)ws & 3) == 0, "%s: workspace must be 4-byte aligned, got %p", fn, ws);
+    return MDL_OK;
+}
+
+mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                   const float *bias, float *y, void *workspace,
+                                   size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(w);
+    MDL_CHECK_PTR(y);
+    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    ConvForward p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y};
+    mdl::gemm_launch(p, 1, stream);
+    return mdl_cuda_launched(__func__);
+}
+
+mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
+                                         const float *w, float *dx, void *workspace,
+                                         size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(w);
+    MDL_CHECK_PTR(dx);
+    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    const int kt = g.c_out * g.kh * g.kw;
+    ConvBackwardData p = {g.c_in, g.n * g.h * g.w, kt, kt, g, dy, w, dx};
+    mdl::gemm_launch(p, 1, stream);
+    return mdl_cuda_launched(__func__);
+}
+
+mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
+                                            const float *dy, float *dw, int accumulate,
+                                            void *workspace, size_t workspace_bytes,
+                                            mdl_cuda_stream stream)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(dw);
+    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    int splits, kchunk;
+    const int kr = g.n * g.P;
+    weights_workspace(g, &splits, &kchunk);
+    if (workspace == NULL) { /* no room for partial sums: one pass over all of n*P */
+        splits = 1;
+        kchunk = kr;
+    }
+    ConvBackwardWeights p = {g.c_out, g.K, kr, kchunk, g, x, dy, dw,
+                             splits > 1 ? (float *)workspace : NULL, accumulate != 0};
+    mdl::gemm_launch(p, splits, stream);
+    if (splits > 1) {
+        const int64_t count = (int64_t)g.c_out * g.K;
+        conv_splitk_reduce<<<mdl_ew_blocks(count), MDL_EW_THREADS, 0, stream>>>(
+            count, splits, (const float *)workspace, dw, accumulate != 0);
+    }
+    return mdl_cuda_launched(__func__);
+}
+
+mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,
+                                         int accumulate, mdl_cuda_stream stream)
+{
+    conv_geom g;
+    mdl_status st = geometry(__func__, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(dy);
+    MDL_CHECK_PTR(db);
+    conv_bias_grad<<<g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, dy, db, accumulate != 0);
+    return mdl_cuda_launched(__func__);
+}

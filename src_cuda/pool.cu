@@ -1,0 +1,331 @@
+/* pool.cu -- 2-D max and average pooling and global average pooling, forward
+ * and backward, with PyTorch's semantics (as src_c/pool.c: same output sizes,
+ * window spans, -inf start and NaN rule, first maximum on ties, avg divisor
+ * counting the padding).  One thread per output element in the forwards; the
+ * backwards are gathers, one thread per input element summing the windows
+ * that contain it in row-major window order (the CPU's order: no atomics, and
+ * max pooling's gradient is bit for bit the scalar reference's). */
+#include <math.h>
+#include "common.cuh"
+
+namespace {
+
+struct pool_geom {
+    int64_t planes;                 /* n * c */
+    int h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+};
+
+/* The window of output row (or column) o: [lo, hi) clipped to the input; span is
+ * the unclipped extent limited to the padded input (the avg-pool divisor factor). */
+__device__ __forceinline__ void span(int o, int stride, int pad, int k, int size, int &lo,
+                                     int &hi, int &sp)
+{
+    const int start = o * stride - pad;
+    const int end = min(start + k, size + pad);
+    sp = end - start;
+    lo = max(start, 0);
+    hi = min(end, size);
+}
+
+/* The window's maximum and its flat index in the plane (PyTorch's CPU rule). */
+__device__ __forceinline__ int window_argmax(const float *x, int w, int hs, int he, int ws, int we,
+                                             float &max)
+{
+    int best = hs * w + ws;
+    float m = -INFINITY;
+    for (int ih = hs; ih < he; ih++)
+        for (int iw = ws; iw < we; iw++) {
+            const float v = x[ih * w + iw];
+            if (v > m || isnan(v)) {
+                m = v;
+                best = ih * w + iw;
+            }
+        }
+    max = m;
+    return best;
+}
+
+/* The output rows (or columns) whose windows contain input index i: [lo, hi].
+ * Window o covers [o*stride - pad, o*stride - pad + k) clipped to the input. */
+__device__ __forceinline__ void containing(int i, int stride, int pad, int k, int n_out, int &lo,
+                                           int &hi)
+{
+    const int a = i + pad - k; /* o*stride > a */
+    lo = a < 0 ? 0 : a / stride + 1;
+    hi = min((i + pad) / stride, n_out - 1);
+}
+
+/* y (planes, ho, wo) = max over each window of x (planes, h, w) */
+__global__ void max_pool_fwd(pool_geom g, const float *x, float *y)
+{
+    const int64_t total = g.planes * g.ho * g.wo;
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+         o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = o / ((int64_t)g.ho * g.wo);
+        const int q = (int)(o - pl * g.ho * g.wo), oh = q / g.wo, ow = q - oh * g.wo;
+        int hs, he, ws, we, sp;
+        span(oh, g.sh, g.ph, g.kh, g.h, hs, he, sp);
+        span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
+        float m;
+        window_argmax(x + pl * g.h * g.w, g.w, hs, he, ws, we, m);
+        y[o] = m;
+    }
+}
+
+/* dx (planes, h, w) = sum of dy over the windows whose first maximum is this element */
+__global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float *dx)
+{
+    const int64_t total = g.planes * g.h * g.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = i / ((int64_t)g.h * g.w);
+        const int q = (int)(i - pl * g.h * g.w), ih = q / g.w, iw = q - ih * g.w;
+        const float *xp = x + pl * g.h * g.w;
+        const float *dyp = dy + pl * g.ho * g.wo;
+        int oh0, oh1, ow0, ow1;
+        containing(ih, g.sh, g.ph, g.kh, g.ho, oh0, oh1);
+        containing(iw, g.sw, g.pw, g.kw, g.wo, ow0, ow1);
+        float acc = 0.0f;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            int hs, he, sp;
+            span(oh, g.sh, g.ph, g.kh, g.h, hs, he, sp);
+            for (int ow = ow0; ow <= ow1; ow++) {
+                int ws, we;
+                span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
+                float m;
+                if (window_argmax(xp, g.w, hs, he, ws, we, m) == q) acc += dyp[oh * g.wo + ow];
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
+/* y (planes, ho, wo) = sum over the in-bounds part of each window / padded window size */
+__global__ void avg_pool_fwd(pool_geom g, const float *x, float *y)
+{
+    const int64_t total = g.planes * g.ho * g.wo;
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+         o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = o / ((int64_t)g.ho * g.wo);
+        const int q = (int)(o - pl * g.ho * g.wo), oh = q / g.wo, ow = q - oh * g.wo;
+        int hs, he, ws, we, hspan, wspan;
+        span(oh, g.sh, g.ph, g.kh, g.h, hs, he, hspan);
+        span(ow, g.sw, g.pw, g.kw, g.w, ws, we, wspan);
+        const float *xp = x + pl * g.h * g.w;
+        float sum = 0.0f;
+        for (int ih = hs; ih < he; ih++)
+            for (int iw = ws; iw < we; iw++) sum += xp[ih * g.w + iw];
+        y[o] = sum / (float)(hspan * wspan);
+    }
+}
+
+/* dx (planes, h, w) = sum over the windows containing this element of dy / padded window size */
+__global__ void avg_pool_bwd(pool_geom g, const float *dy, float *dx)
+{
+    const int64_t total = g.planes * g.h * g.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = i / ((int64_t)g.h * g.w);
+        const int q = (int)(i - pl * g.h * g.w), ih = q / g.w, iw = q - ih * g.w;
+        const float *dyp = dy + pl * g.ho * g.wo;
+        int oh0, oh1, ow0, ow1;
+        containing(ih, g.sh, g.ph, g.kh, g.ho, oh0, oh1);
+        containing(iw, g.sw, g.pw, g.kw, g.wo, ow0, ow1);
+        float acc = 0.0f;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            int lo, hi, hspan;
+            span(oh, g.sh, g.ph, g.kh, g.h, lo, hi, hspan);
+            for (int ow = ow0; ow <= ow1; ow++) {
+                int wspan;
+                span(ow, g.sw, g.pw, g.kw, g.w, lo, hi, wspan);
+                acc += dyp[oh * g.wo + ow] / (float)(hspan * wspan);
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
+/* y (planes) = mean of x (planes, hw), a warp per plane, summed in double */
+__global__ void global_avg_fwd(int64_t planes, int64_t hw, const float *x, float *y)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t pl = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); pl < planes;
+         pl += warps) {
+        const float *xp = x + pl * hw;
+        double s = 0.0;
+        for (int64_t i = lane; i < hw; i += 32) s += xp[i];
+        s = mdl_warp_sum(s);
+        if (lane == 0) y[pl] = (float)(s / (double)hw);
+    }
+}
+
+/* dx (planes, hw) = dy (planes) / hw */
+__global__ void global_avg_bwd(int64_t planes, int64_t hw, const float *dy, float *dx)
+{
+    const int64_t total = planes * hw;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dx[i] = dy[i / hw] / (float)hw;
+}
+
+} /* namespace */
+
+/* ---- shapes and checks (src_c/pool.c) ------------------------------------------- */
+
+static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
+{
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+static int64_t out_size(int64_t size, int64_t k, int64_t stride, int64_t pad, int ceil_mode)
+{
+    int64_t out = floor_div(size + 2 * pad - k + (ceil_mode ? stride - 1 : 0), stride) + 1;
+    if (ceil_mode && (out - 1) * stride >= size + pad) out--;
+    return out;
+}
+
+#define LIMIT ((int64_t)1 << 31)
+#define CHECK_DIM(f, lo)                                                                      \
+    MDL_CHECK(s->f >= (lo) && s->f < LIMIT, "%s: " #f " must be in [%d, 2^31), got %lld", fn, \
+              (int)(lo), (long long)s->f)
+#define CHECK_PAD(p, k)                                                                      \
+    MDL_CHECK(s->p >= 0 && s->p <= s->k / 2,                                                 \
+              "%s: " #p " must be in [0, " #k " / 2] = [0, %lld] (padding should be at most " \
+              "half the kernel size), got %lld", fn, (long long)(s->k / 2), (long long)s->p)
+
+static mdl_status geometry(const char *fn, const mdl_pool2d_shape *s, pool_geom *g)
+{
+    MDL_CHECK(s != NULL, "%s: s must not be NULL", fn);
+    CHECK_DIM(n, 1);
+    CHECK_DIM(c, 1);
+    CHECK_DIM(h, 1);
+    CHECK_DIM(w, 1);
+    CHECK_DIM(kh, 1);
+    CHECK_DIM(kw, 1);
+    CHECK_DIM(stride_h, 1);
+    CHECK_DIM(stride_w, 1);
+    CHECK_PAD(pad_h, kh);
+    CHECK_PAD(pad_w, kw);
+    int64_t ho = out_size(s->h, s->kh, s->stride_h, s->pad_h, s->ceil_mode);
+    int64_t wo = out_size(s->w, s->kw, s->stride_w, s->pad_w, s->ceil_mode);
+    MDL_CHECK(ho >= 1, "%s: output too small: h_out = %lld for h = %lld, kh = %lld, stride_h = %lld, "
+              "pad_h = %lld", fn, (long long)ho, (long long)s->h, (long long)s->kh,
+              (long long)s->stride_h, (long long)s->pad_h);
+    MDL_CHECK(wo >= 1, "%s: output too small: w_out = %lld for w = %lld, kw = %lld, stride_w = %lld, "
+              "pad_w = %lld", fn, (long long)wo, (long long)s->w, (long long)s->kw,
+              (long long)s->stride_w, (long long)s->pad_w);
+    /* the kernels index a plane and its windows with 32-bit ints */
+    if (s->h * s->w >= ((int64_t)1 << 30) || s->h + 2 * s->pad_h + s->kh + s->stride_h >= ((int64_t)1 << 30) ||
+        s->w + 2 * s->pad_w + s->kw + s->stride_w >= ((int64_t)1 << 30) || ho * wo >= ((int64_t)1 << 30) ||
+        s->n > INT64_MAX / s->c / (s->h * s->w))
+        return mdl_cuda_error(MDL_ERR_UNSUPPORTED,
+                              "%s: planes too large for the CUDA kernels: h * w = %lld, h_out * w_out "
+                              "= %lld (each must be below 2^30)", fn, (long long)(s->h * s->w),
+                              (long long)(ho * wo));
+    *g = {s->n * s->c, (int)s->h, (int)s->w, (int)s->kh, (int)s->kw, (int)s->stride_h,
+          (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo};
+    return MDL_OK;
+}
+
+mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int64_t *w_out)
+{
+    const char *fn = "mdl_cuda_pool2d_output_size";
+    MDL_CHECK_PTR(h_out);
+    MDL_CHECK_PTR(w_out);
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    *h_out = g.ho;
+    *w_out = g.wo;
+    return MDL_OK;
+}
+
+#define CHECK_PTRS2(a, b) \
+    MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
+
+mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
+                                       mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    max_pool_fwd<<<mdl_ew_blocks(g.planes * g.ho * g.wo), MDL_EW_THREADS, 0, stream>>>(g, x, y);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
+                                        const float *dy, float *dx, mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, dy);
+    MDL_CHECK_PTR(dx);
+    max_pool_bwd<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
+                                       mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    avg_pool_fwd<<<mdl_ew_blocks(g.planes * g.ho * g.wo), MDL_EW_THREADS, 0, stream>>>(g, x, y);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx,
+                                        mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(dy, dx);
+    avg_pool_bwd<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, dy, dx);
+    return mdl_cuda_launched(fn);
+}
+
+static mdl_status global_check(const char *fn, int64_t n, int64_t c, int64_t h, int64_t w)
+{
+    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
+    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
+    MDL_CHECK(h >= 1, "%s: h must be >= 1, got %lld", fn, (long long)h);
+    MDL_CHECK(w >= 1, "%s: w must be >= 1, got %lld", fn, (long long)w);
+    MDL_CHECK(h <= INT64_MAX / w && n <= INT64_MAX / c && n * c <= INT64_MAX / (h * w),
+              "%s: n * c * h * w overflows int64 (%lld, %lld, %lld, %lld)", fn, (long long)n,
+              (long long)c, (long long)h, (long long)w);
+    return MDL_OK;
+}
+
+mdl_status mdl_cuda_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                              const float *x, float *y, mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    mdl_status st = global_check(fn, n, c, h, w);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(x, y);
+    const int64_t planes = n * c;
+    /* 8 warps (planes) per block */
+    int64_t blocks = (planes + 7) / 8;
+    global_avg_fwd<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, stream>>>(planes, h * w, x, y);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                               const float *dy, float *dx, mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    mdl_status st = global_check(fn, n, c, h, w);
+    if (st != MDL_OK) return st;
+    CHECK_PTRS2(dy, dx);
+    global_avg_bwd<<<mdl_ew_blocks(n * c * h * w), MDL_EW_THREADS, 0, stream>>>(n * c, h * w, dy, dx);
+    return mdl_cuda_launched(fn);
+}

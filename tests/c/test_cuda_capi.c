@@ -1,0 +1,89 @@
+/* test_cuda_capi.c -- uses the CUDA kernels only through minidl_cuda.h and
+ * libminidl_cuda, with no CUDA header or toolkit: the header compiles as C,
+ * the library loads and answers with or without a GPU, and bad arguments come
+ * back as a status and a message before anything touches the device (so this
+ * runs on machines without a GPU; tests/test_cuda_kernels.py checks the
+ * numbers where there is one).  Exit status 0 = pass. */
+#include <stdio.h>
+#include <string.h>
+#include <minidl_cuda.h>
+
+static int failures;
+
+#define EXPECT(cond, ...)                                  \
+    do {                                                   \
+        if (!(cond)) {                                     \
+            failures++;                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
+            printf(__VA_ARGS__);                           \
+            printf("\n");                                  \
+        }                                                  \
+    } while (0)
+
+/* st is `want` and the message names `word` */
+static void expect_error(mdl_status st, mdl_status want, const char *word, int line)
+{
+    if (st != want || strstr(mdl_cuda_last_error(), word) == NULL) {
+        failures++;
+        printf("FAIL line %d: status %d (want %d), message \"%s\" (want \"%s\" in it)\n", line,
+               (int)st, (int)want, mdl_cuda_last_error(), word);
+    }
+}
+#define EXPECT_ERROR(call, want, word) expect_error((call), (want), (word), __LINE__)
+
+int main(void)
+{
+    int n = -1;
+    EXPECT(mdl_cuda_device_count(&n) == MDL_OK && n >= 0, "device_count: %d, %s", n,
+           mdl_cuda_last_error());
+    printf("CUDA devices: %d%s%s\n", n, n ? "" : " -- ", n ? "" : mdl_cuda_last_error());
+
+    /* a fake device address: every call below fails its checks before using it */
+    float *p = (float *)(uintptr_t)4096;
+    EXPECT_ERROR(mdl_cuda_device_count(NULL), MDL_ERR_ARG, "n must not be NULL");
+    EXPECT_ERROR(mdl_cuda_relu_forward(-1, p, p, NULL), MDL_ERR_ARG, "count must be >= 0");
+    EXPECT_ERROR(mdl_cuda_relu_forward(10, NULL, p, NULL), MDL_ERR_ARG, "x must not be NULL");
+    EXPECT(mdl_cuda_relu_forward(0, NULL, NULL, NULL) == MDL_OK, "count 0 is a no-op");
+    EXPECT_ERROR(mdl_cuda_sgemm(0, 0, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, NULL, 0, NULL),
+                 MDL_ERR_ARG, "lda must be >= 4");
+    EXPECT_ERROR(mdl_cuda_dropout_forward(8, 1.0f, 1, p, p, NULL), MDL_ERR_ARG, "p must be in [0, 1)");
+
+    mdl_conv2d_shape cs = {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1};
+    int64_t ho = 0, wo = 0;
+    EXPECT(mdl_cuda_conv2d_output_size(&cs, &ho, &wo) == MDL_OK && ho == 8 && wo == 8,
+           "conv output %lld x %lld", (long long)ho, (long long)wo);
+    mdl_conv2d_shape bad = cs;
+    bad.kh = 20;
+    EXPECT_ERROR(mdl_cuda_conv2d_forward(&bad, p, p, NULL, p, NULL, 0, NULL), MDL_ERR_ARG,
+                 "kernel size can't be greater");
+    /* many images, few channels: the weight gradient splits n*h*w and needs a workspace */
+    mdl_conv2d_shape big = {256, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1};
+    size_t need = mdl_cuda_conv2d_workspace_size(&big);
+    EXPECT(need > 0, "split-K workspace for %s", "a long reduction");
+    EXPECT_ERROR(mdl_cuda_conv2d_backward_weights(&big, p, p, p, 0, p, need - 1, NULL),
+                 MDL_ERR_WORKSPACE, "workspace has");
+
+    mdl_pool2d_shape ps = {1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1};
+    EXPECT(mdl_cuda_pool2d_output_size(&ps, &ho, &wo) == MDL_OK && ho == 2 && wo == 2,
+           "ceil-mode pool output %lld x %lld", (long long)ho, (long long)wo);
+    ps.pad_h = 2;
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward(&ps, p, p, NULL), MDL_ERR_ARG, "pad_h must be in");
+    EXPECT_ERROR(mdl_cuda_batch_norm_forward_train(1, 4, 1, p, p, p, 1e-5f, 0.1f, NULL, NULL, p,
+                                                   p, p, NULL),
+                 MDL_ERR_ARG, "more than 1 value per channel");
+    EXPECT_ERROR(mdl_cuda_softmax_cross_entropy(0, 10, p, (const int64_t *)p, p, p, NULL),
+                 MDL_ERR_ARG, "n must be >= 1");
+    EXPECT_ERROR(mdl_cuda_sgd_step(4, p, p, NULL, 0.1f, 0.9f, 0.0f, 0.0f, 0, 0, NULL), MDL_ERR_ARG,
+                 "momentum_buf must not be NULL");
+    EXPECT_ERROR(mdl_cuda_adam_step(4, p, p, p, p, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0, NULL),
+                 MDL_ERR_ARG, "step must be >= 1");
+    EXPECT_ERROR(mdl_cuda_linear_backward_weights(2, 3, 4, p, p, p, NULL, 2, NULL, 0, NULL),
+                 MDL_ERR_ARG, "accumulate must be 0 or 1");
+
+    if (failures) {
+        printf("%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_cuda_capi: all passed\n");
+    return 0;
+}

@@ -1,0 +1,144 @@
+"""minidl._cuda against minidl._C, on any machine (no GPU needed): the same
+kernel functions with the same parameters, and bad arguments raising the same
+exceptions with the same messages (the checks run on the host, before anything
+touches a device).  Skipped where the package was built without nvcc."""
+import inspect
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidl import _C
+
+cuda = pytest.importorskip("minidl._cuda", reason="minidl was built without nvcc")
+
+# _C's knobs for the CPU (threads, SIMD, version): no CUDA twin.
+CPU_ONLY = {"version", "set_num_threads", "get_num_threads", "set_min_parallel_work",
+            "cpu_simd", "set_simd", "get_simd"}
+# Size helpers run on the host: exactly _C's parameters, no stream.
+HOST_ONLY = {"sgemm_workspace_size", "conv2d_output_size", "conv2d_workspace_size",
+             "pool2d_output_size", "linear_workspace_size"}
+# What a device address cannot tell, appended after _C's parameters (before stream).
+APPENDED = {
+    "relu_forward": ["count"], "relu_backward": ["count"], "add": ["count"],
+    "dropout_forward": ["count"], "dropout_backward": ["count"],
+    "sgd_step": ["count"], "adam_step": ["count"],
+    "softmax_cross_entropy": ["loss"],
+}
+
+
+def kernel_names():
+    return sorted(name for name, f in vars(_C).items()
+                  if callable(f) and not isinstance(f, type) and not name.startswith("_")
+                  and name not in CPU_ONLY)
+
+
+def params(f):
+    return list(inspect.signature(f).parameters.values())
+
+
+def test_every_kernel_has_a_twin_with_the_same_parameters():
+    names = kernel_names()
+    assert len(names) >= 30, names
+    for name in names:
+        assert hasattr(cuda, name), f"minidl._cuda has no {name}"
+        want = []
+        for p in params(getattr(_C, name)):
+            want.append(p.name)
+            if p.name == "ws":
+                want.append("ws_bytes")
+        want += APPENDED.get(name, [])
+        if name not in HOST_ONLY:
+            want.append("stream")
+        got = [p.name for p in params(getattr(cuda, name))]
+        assert got == want, f"{name}: _cuda{tuple(got)} but _C{tuple(want)}"
+
+
+def test_defaults_match():
+    """A parameter with a default in _C has one in _cuda (None -> 0 for buffers)."""
+    for name in kernel_names():
+        got = {p.name: p.default for p in params(getattr(cuda, name))}
+        for p in params(getattr(_C, name)):
+            if p.default is not inspect.Parameter.empty:
+                want = 0 if p.default is None else p.default
+                assert got[p.name] == want, f"{name}({p.name}=...): {got[p.name]!r} != {want!r}"
+        if name not in HOST_ONLY:
+            assert got["stream"] == 0
+
+
+def test_import_minidl_never_imports_cuda():
+    code = ("import sys, minidl, minidl.ops, minidl.nn, minidl.runtime\n"
+            "bad = [m for m in ('minidl._cuda', 'pycuda') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_device_count():
+    n = cuda.device_count()
+    assert isinstance(n, int) and n >= 0
+
+
+# ---- bad arguments: _C and _cuda raise the same exception with the same message ---------
+
+f32 = np.zeros(64, np.float32)
+labels = np.zeros(4, np.int64)
+ADDR = 4096  # a fake device address: each call below fails its checks before using it
+
+BAD = [  # (name, _C's arguments, _cuda's arguments)
+    ("sgemm", (False, False, 4, 4, 4, 1.0, f32, 3, f32, 4, 0.0, f32, 4),
+     (False, False, 4, 4, 4, 1.0, ADDR, 3, ADDR, 4, 0.0, ADDR, 4)),
+    ("conv2d_output_size", ((1, 1, 2, 2, 1, 5, 5, 1, 1, 0, 0),),
+     ((1, 1, 2, 2, 1, 5, 5, 1, 1, 0, 0),)),
+    ("conv2d_forward", ((1, 1, 2, 2, 0, 1, 1, 1, 1, 0, 0), f32, f32, None, f32),
+     ((1, 1, 2, 2, 0, 1, 1, 1, 1, 0, 0), ADDR, ADDR, 0, ADDR)),
+    ("pool2d_output_size", ((1, 1, 4, 4, 2, 2, 1, 1, 2, 0, 0),),
+     ((1, 1, 4, 4, 2, 2, 1, 1, 2, 0, 0),)),
+    ("max_pool2d_forward", ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), f32, f32),
+     ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), ADDR, ADDR)),
+    ("global_avg_pool2d_forward", (1, 0, 2, 2, f32, f32), (1, 0, 2, 2, ADDR, ADDR)),
+    ("dropout_forward", (1.0, 0, f32, f32), (1.0, 0, ADDR, ADDR, 64)),
+    ("batch_norm_forward_train",
+     (1, 4, 1, f32, f32, f32, 1e-5, 0.1, None, None, f32, f32, f32),
+     (1, 4, 1, ADDR, ADDR, ADDR, 1e-5, 0.1, 0, 0, ADDR, ADDR, ADDR)),
+    ("batch_norm_forward_infer", (2, 4, 1, f32, f32, f32, f32, f32, -1.0, f32),
+     (2, 4, 1, ADDR, ADDR, ADDR, ADDR, ADDR, -1.0, ADDR)),
+    ("linear_forward", (-1, 2, 3, f32, f32, None, f32), (-1, 2, 3, ADDR, ADDR, 0, ADDR)),
+    ("softmax_cross_entropy", (0, 10, f32, labels, f32), (0, 10, ADDR, ADDR, ADDR, ADDR)),
+    ("sgd_step", (f32, f32, None, 0.1, 0.9, 0.1, 0.0, True, False),
+     (ADDR, ADDR, 0, 0.1, 0.9, 0.1, 0.0, True, False, 64)),
+    ("adam_step", (f32, f32, f32, f32, 0, 1e-3, 0.9, 0.999, 1e-8, 0.0, False),
+     (ADDR, ADDR, ADDR, ADDR, 0, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, 64)),
+]
+
+
+@pytest.mark.parametrize("name, c_args, cuda_args", BAD, ids=[b[0] for b in BAD])
+def test_bad_arguments_raise_like_C(name, c_args, cuda_args):
+    with pytest.raises(Exception) as c_err:
+        getattr(_C, name)(*c_args)
+    with pytest.raises(Exception) as cuda_err:
+        getattr(cuda, name)(*cuda_args)
+    assert type(cuda_err.value) is type(c_err.value)
+    assert str(cuda_err.value).replace("mdl_cuda_", "mdl_") == str(c_err.value)
+
+
+def test_workspace_too_small():
+    shape = (256, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1)  # a long n*h*w: split-K needs a workspace
+    need = cuda.conv2d_workspace_size(shape)
+    assert need > 0
+    with pytest.raises(ValueError, match=f"workspace has {need - 1} bytes, needs {need}"):
+        cuda.conv2d_backward_weights(shape, ADDR, ADDR, ADDR, False, ADDR, need - 1)
+
+
+def test_too_large_for_the_gpu_kernels_is_minidl_error():
+    with pytest.raises(_C.MinidlError, match="unsupported: mdl_cuda_sgemm: m, n and k must be below"):
+        cuda.sgemm(False, False, 1 << 30, 1, 1, 1.0, ADDR, 1, ADDR, 1, 0.0, ADDR, 1)
+
+
+def test_output_sizes_match_C():
+    for shape in [(2, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1), (1, 1, 9, 9, 1, 3, 2, 2, 3, 0, 1)]:
+        assert cuda.conv2d_output_size(shape) == _C.conv2d_output_size(shape)
+    for shape in [(1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1), (1, 1, 7, 6, 3, 2, 2, 1, 1, 1, 0)]:
+        assert cuda.pool2d_output_size(shape) == _C.pool2d_output_size(shape)

@@ -1,0 +1,518 @@
+"""Every CUDA kernel, forward and backward, against the CPU kernel on the same
+float32 inputs.  Needs pycuda, the minidl._cuda extension and a GPU; skipped
+otherwise.
+
+The inputs are uploaded with pycuda in the device's primary context (the one
+the CUDA runtime inside libminidl_cuda uses), the _cuda function runs on the
+default stream, and the download (synchronous) is compared with minidl.ops /
+minidl._C.  Error measure: helpers.rel_err (max abs difference over the
+largest reference value); tolerances in one table.  Dropout masks, ReLU and add
+must match bit for bit.
+"""
+import numpy as np
+import pytest
+
+from minidl import _C, ops
+
+from helpers import rel_err
+
+drv = pytest.importorskip("pycuda.driver", reason="pycuda is not installed (pip install .[cuda])")
+cuda = pytest.importorskip("minidl._cuda", reason="minidl was built without nvcc")
+
+# GPU result against the CPU result on the same float32 inputs (both round; the
+# GPU sums in another order).
+TOL = {
+    "exact": 0.0,          # relu, add, dropout, the pool gradients' gathers of single values
+    "elementwise": 1e-6,   # one or two roundings per element (FMA contraction)
+    "reduction": 1e-5,     # pools, global average, bias gradients
+    "gemm": 2e-5,          # dot products of length up to ~2000
+    "conv": 2e-5,
+    "batch_norm": 5e-5,    # statistics, then normalisation and its backward
+    "loss": 1e-5,
+    "optim": 1e-5,
+}
+
+
+def check(got, want, kind, what=""):
+    if TOL[kind] == 0.0:
+        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
+        assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+            f"{what}: not bit-identical ({int(np.sum(g.view(np.uint32) != w.view(np.uint32)))} differ)"
+        return
+    err = rel_err(got, want)
+    assert err <= TOL[kind], f"{what or kind}: relative error {err:.3g} > {TOL[kind]:g}"
+
+
+class Gpu:
+    """Device buffers for one test: up() copies an array in, empty() allocates, down()
+    copies out; every call is followed by synchronize() so kernel errors surface there."""
+
+    def __init__(self):
+        self.keep = []
+
+    def _alloc(self, nbytes):
+        buf = drv.mem_alloc(max(int(nbytes), 4))
+        self.keep.append(buf)
+        return buf
+
+    def up(self, a):
+        a = np.ascontiguousarray(a)
+        buf = self._alloc(a.nbytes)
+        if a.nbytes:
+            drv.memcpy_htod(buf, a)
+        return int(buf)
+
+    def empty(self, shape, dtype=np.float32, fill=np.nan):
+        """A buffer pre-filled with NaN, so that an element a kernel forgets shows up."""
+        return self.up(np.full(shape, fill, dtype))
+
+    def down(self, ptr, shape, dtype=np.float32):
+        out = np.empty(shape, dtype)
+        if out.nbytes:
+            drv.memcpy_dtoh(out, ptr)
+        return out
+
+    def ws(self, nbytes):
+        return (int(self._alloc(nbytes)), nbytes) if nbytes else (0, 0)
+
+
+@pytest.fixture(scope="module")
+def context():
+    if cuda.device_count() == 0:
+        pytest.skip("no CUDA device")
+    drv.init()
+    ctx = drv.Device(0).retain_primary_context()
+    ctx.push()
+    yield ctx
+    drv.Context.pop()
+
+
+@pytest.fixture
+def gpu(context):
+    g = Gpu()
+    yield g
+    cuda.synchronize()
+    g.keep.clear()
+
+
+def run(fn, *args, **kw):
+    fn(*args, **kw)
+    cuda.synchronize()
+
+
+@pytest.fixture
+def rng(request):
+    import zlib
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---- SGEMM --------------------------------------------------------------------------------
+
+GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 17), (128, 128, 64), (300, 257, 129),
+               (5, 1000, 3), (2100, 2100, 40), (64, 48, 0)]
+
+
+@pytest.mark.parametrize("m, n, k", GEMM_SHAPES)
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_sgemm(gpu, rng, m, n, k, trans_a, trans_b, beta):
+    pad = 3  # leading dimensions larger than the rows
+    a = f32(rng, *((k, m + pad) if trans_a else (m, k + pad)))
+    b = f32(rng, *((n, k + pad) if trans_b else (k, n + pad)))
+    c = f32(rng, m, n + pad)
+    lda, ldb, ldc = a.shape[1], b.shape[1], c.shape[1]
+    want = c.copy()
+    _C.sgemm(trans_a, trans_b, m, n, k, 1.5, a.reshape(-1), lda, b.reshape(-1), ldb, beta,
+             want.reshape(-1), ldc)
+    pc = gpu.up(c)
+    run(cuda.sgemm, trans_a, trans_b, m, n, k, 1.5, gpu.up(a), lda, gpu.up(b), ldb, beta, pc, ldc)
+    got = gpu.down(pc, c.shape)
+    check(got[:, :n], want[:, :n], "gemm", "C")
+    check(got[:, n:], c[:, n:], "exact", "C beyond n (untouched)")
+
+
+def test_sgemm_beta_zero_ignores_nan(gpu, rng):
+    a, b = f32(rng, 9, 4), f32(rng, 4, 6)
+    pc = gpu.empty((9, 6))  # NaN: beta == 0 must not read it
+    run(cuda.sgemm, 0, 0, 9, 6, 4, 1.0, gpu.up(a), 4, gpu.up(b), 6, 0.0, pc, 6)
+    check(gpu.down(pc, (9, 6)), a @ b, "gemm")
+
+
+# ---- convolution ----------------------------------------------------------------------------
+
+# (n, c_in, h, w, c_out, kh, kw, stride, padding)
+CONV_SHAPES = [
+    (1, 1, 1, 1, 1, 1, 1, 1, 0),
+    (2, 3, 7, 5, 4, 3, 3, 1, 1),
+    (3, 5, 9, 9, 7, 3, 3, 2, 1),
+    (1, 16, 8, 8, 33, 1, 1, 1, 0),
+    (4, 3, 11, 13, 5, 5, 5, 2, 2),
+    (2, 6, 10, 10, 20, 3, 2, (2, 1), (0, 1)),
+    (8, 40, 12, 12, 70, 3, 3, 1, 1),
+    (64, 16, 16, 16, 16, 3, 3, 1, 1),      # long n*h*w: split-K weight gradient
+    (16, 8, 32, 32, 256, 3, 3, 1, 1),      # 128 x 128 tiles
+    (5, 3, 32, 32, 32, 5, 5, 1, 2),        # cifar10_quick's first layer
+]
+
+
+def conv_case(rng, n, c_in, h, w, c_out, kh, kw, stride, padding):
+    sh, sw = stride if isinstance(stride, tuple) else (stride, stride)
+    ph, pw = padding if isinstance(padding, tuple) else (padding, padding)
+    shape = (n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw)
+    ho, wo = _C.conv2d_output_size(shape)
+    x, wt, bias = f32(rng, n, c_in, h, w), f32(rng, c_out, c_in, kh, kw), f32(rng, c_out)
+    dy = f32(rng, n, c_out, ho, wo)
+    return shape, (ho, wo), x, wt, bias, dy, dict(stride=(sh, sw), padding=(ph, pw))
+
+
+@pytest.mark.parametrize("case", CONV_SHAPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_conv2d_forward(gpu, rng, case, with_bias):
+    shape, (ho, wo), x, wt, bias, _, kw = conv_case(rng, *case)
+    want = ops.conv2d(x, wt, bias if with_bias else None, **kw)
+    py = gpu.empty(want.shape)
+    run(cuda.conv2d_forward, shape, gpu.up(x), gpu.up(wt), gpu.up(bias) if with_bias else 0, py)
+    check(gpu.down(py, want.shape), want, "conv", "y")
+
+
+@pytest.mark.parametrize("case", CONV_SHAPES)
+def test_conv2d_backward(gpu, rng, case):
+    shape, _, x, wt, bias, dy, kw = conv_case(rng, *case)
+    want_dx, want_dw, want_db = ops.conv2d_backward(x, wt, dy, **kw)
+    px, pw, pdy = gpu.up(x), gpu.up(wt), gpu.up(dy)
+    pdx = gpu.empty(x.shape)
+    run(cuda.conv2d_backward_data, shape, pdy, pw, pdx)
+    check(gpu.down(pdx, x.shape), want_dx, "conv", "dx")
+
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
+    for use_ws in (True, False):  # split-K with partial sums in the workspace, or one pass
+        args = (ws, ws_bytes) if use_ws else ()
+        pdw = gpu.empty(wt.shape)
+        run(cuda.conv2d_backward_weights, shape, px, pdy, pdw, False, *args)
+        check(gpu.down(pdw, wt.shape), want_dw, "conv", f"dw (workspace {use_ws})")
+        start = f32(rng, *wt.shape)
+        pdw = gpu.up(start)
+        run(cuda.conv2d_backward_weights, shape, px, pdy, pdw, True, *args)
+        check(gpu.down(pdw, wt.shape), start + want_dw, "conv", f"dw += (workspace {use_ws})")
+
+    pdb = gpu.empty(bias.shape)
+    run(cuda.conv2d_backward_bias, shape, pdy, pdb, False)
+    check(gpu.down(pdb, bias.shape), want_db, "reduction", "db")
+    pdb = gpu.up(bias)
+    run(cuda.conv2d_backward_bias, shape, pdy, pdb, True)
+    check(gpu.down(pdb, bias.shape), bias + want_db, "reduction", "db +=")
+
+
+def test_conv2d_weight_gradient_is_reproducible(gpu, rng):
+    shape, _, x, wt, _, dy, _ = conv_case(rng, *CONV_SHAPES[7])
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
+    px, pdy, pdw = gpu.up(x), gpu.up(dy), gpu.empty(wt.shape)
+    outs = []
+    for _ in range(2):
+        run(cuda.conv2d_backward_weights, shape, px, pdy, pdw, False, ws, ws_bytes)
+        outs.append(gpu.down(pdw, wt.shape))
+    check(outs[1], outs[0], "exact", "dw run twice")
+
+
+# ---- pooling ---------------------------------------------------------------------------------
+
+# (n, c, h, w, kernel, stride, padding, ceil_mode)
+POOL_SHAPES = [
+    (1, 1, 1, 1, 1, 1, 0, False),
+    (2, 3, 7, 7, 3, 2, 1, True),
+    (2, 3, 8, 8, 2, 2, 0, False),
+    (1, 5, 9, 11, 3, 2, 0, True),
+    (3, 2, 6, 5, (3, 2), (2, 1), (1, 0), True),
+    (2, 33, 32, 32, 3, 2, 0, True),    # cifar10_quick's pools
+    (1, 2, 10, 10, 3, 1, 1, False),    # overlapping windows
+]
+
+
+def pool_case(n, c, h, w, kernel, stride, padding, ceil_mode):
+    kh, kw = kernel if isinstance(kernel, tuple) else (kernel, kernel)
+    sh, sw = stride if isinstance(stride, tuple) else (stride, stride)
+    ph, pw = padding if isinstance(padding, tuple) else (padding, padding)
+    shape = (n, c, h, w, kh, kw, sh, sw, ph, pw, int(ceil_mode))
+    return shape, _C.pool2d_output_size(shape), dict(kernel_size=(kh, kw), stride=(sh, sw),
+                                                     padding=(ph, pw), ceil_mode=ceil_mode)
+
+
+@pytest.mark.parametrize("case", POOL_SHAPES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_max_pool2d(gpu, rng, case, ties):
+    shape, (ho, wo), kw = pool_case(*case)
+    n, c, h, w = case[:4]
+    # ties: few distinct values, so windows often hold several maxima (the first wins)
+    x = rng.integers(0, 3, (n, c, h, w)).astype(np.float32) if ties else f32(rng, n, c, h, w)
+    dy = f32(rng, n, c, ho, wo)
+    px, pdy = gpu.up(x), gpu.up(dy)
+    py, pdx = gpu.empty((n, c, ho, wo)), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward, shape, px, py)
+    check(gpu.down(py, (n, c, ho, wo)), ops.max_pool2d(x, **kw), "exact", "y")
+    run(cuda.max_pool2d_backward, shape, px, pdy, pdx)
+    check(gpu.down(pdx, x.shape), ops.max_pool2d_backward(x, dy, **kw), "reduction", "dx")
+
+
+def test_max_pool2d_nan(gpu):
+    shape, (ho, wo), kw = pool_case(1, 1, 4, 4, 2, 2, 0, False)
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 1, 1] = np.nan
+    py = gpu.empty((1, 1, ho, wo), fill=0.0)
+    run(cuda.max_pool2d_forward, shape, gpu.up(x), py)
+    got, want = gpu.down(py, (1, 1, ho, wo)), ops.max_pool2d(x, **kw)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("case", POOL_SHAPES)
+def test_avg_pool2d(gpu, rng, case):
+    shape, (ho, wo), kw = pool_case(*case)
+    n, c, h, w = case[:4]
+    x, dy = f32(rng, n, c, h, w), f32(rng, n, c, ho, wo)
+    py, pdx = gpu.empty((n, c, ho, wo)), gpu.empty(x.shape)
+    run(cuda.avg_pool2d_forward, shape, gpu.up(x), py)
+    check(gpu.down(py, (n, c, ho, wo)), ops.avg_pool2d(x, **kw), "reduction", "y")
+    run(cuda.avg_pool2d_backward, shape, gpu.up(dy), pdx)
+    check(gpu.down(pdx, x.shape), ops.avg_pool2d_backward(x, dy, **kw), "reduction", "dx")
+
+
+@pytest.mark.parametrize("n, c, h, w", [(1, 1, 1, 1), (2, 3, 8, 8), (5, 7, 3, 5), (128, 64, 8, 8),
+                                        (1, 2, 100, 90)])
+def test_global_avg_pool2d(gpu, rng, n, c, h, w):
+    x, dy = f32(rng, n, c, h, w), f32(rng, n, c)
+    py, pdx = gpu.empty((n, c)), gpu.empty(x.shape)
+    run(cuda.global_avg_pool2d_forward, n, c, h, w, gpu.up(x), py)
+    check(gpu.down(py, (n, c)), ops.global_avg_pool2d(x), "reduction", "y")
+    run(cuda.global_avg_pool2d_backward, n, c, h, w, gpu.up(dy), pdx)
+    check(gpu.down(pdx, x.shape), ops.global_avg_pool2d_backward(x, dy), "exact", "dx")
+
+
+# ---- elementwise -----------------------------------------------------------------------------
+
+COUNTS = [1, 7, 1000, 100003]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_relu_and_add(gpu, rng, count):
+    x, dy, b = f32(rng, count), f32(rng, count), f32(rng, count)
+    x[::5] = 0.0
+    if count > 2:
+        x[1] = np.nan
+    px = gpu.up(x)
+    py, pdx, ps = gpu.empty(count), gpu.empty(count), gpu.empty(count)
+    run(cuda.relu_forward, px, py, count)
+    check(gpu.down(py, count), ops.relu(x), "exact", "relu")
+    run(cuda.relu_backward, px, gpu.up(dy), pdx, count)
+    check(gpu.down(pdx, count), ops.relu_backward(x, dy), "exact", "relu backward")
+    run(cuda.add, px, gpu.up(b), ps, count)
+    check(gpu.down(ps, count), ops.add(x, b), "exact", "add")
+
+
+def test_relu_in_place(gpu, rng):
+    x = f32(rng, 513)
+    px = gpu.up(x)
+    run(cuda.relu_forward, px, px, 513)
+    check(gpu.down(px, 513), ops.relu(x), "exact")
+
+
+def test_on_a_stream(gpu, rng):
+    """Kernels run on the stream they are given (a pycuda Stream's handle)."""
+    stream = drv.Stream()
+    x, w = f32(rng, 4, 3, 9, 9), f32(rng, 5, 3, 3, 3)
+    shape = (4, 3, 9, 9, 5, 3, 3, 1, 1, 1, 1)
+    px, py, pz = gpu.up(x), gpu.empty((4, 5, 9, 9)), gpu.empty((4, 5, 9, 9))
+    cuda.conv2d_forward(shape, px, gpu.up(w), 0, py, stream=stream.handle)
+    cuda.relu_forward(py, pz, 4 * 5 * 81, stream=stream.handle)
+    stream.synchronize()
+    check(gpu.down(pz, (4, 5, 9, 9)), ops.relu(ops.conv2d(x, w, padding=1)), "conv")
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.9])
+@pytest.mark.parametrize("seed", [0, 12345, 2**63 + 7])
+def test_dropout_bit_identical(gpu, rng, count, p, seed):
+    x, dy = f32(rng, count), f32(rng, count)
+    py, pdx = gpu.empty(count), gpu.empty(count)
+    run(cuda.dropout_forward, p, seed, gpu.up(x), py, count)
+    check(gpu.down(py, count), ops.dropout(x, p, seed=seed), "exact", "dropout")
+    run(cuda.dropout_backward, p, seed, gpu.up(dy), pdx, count)
+    check(gpu.down(pdx, count), ops.dropout_backward(dy, p, seed=seed), "exact", "dropout backward")
+
+
+# ---- batch norm ------------------------------------------------------------------------------
+
+BN_SHAPES = [(2, 3, 1), (1, 4, 7), (8, 16, 64), (3, 5, 33), (64, 70, 1), (128, 16, 1024)]
+
+
+@pytest.mark.parametrize("n, c, hw", BN_SHAPES)
+@pytest.mark.parametrize("offset", [0.0, 100.0])  # |mean| >> std: the shifted sums matter
+def test_batch_norm(gpu, rng, n, c, hw, offset):
+    x = f32(rng, n, c, hw) + np.float32(offset)
+    gamma, beta, dy = f32(rng, c), f32(rng, c), f32(rng, n, c, hw)
+    rm0, rv0 = f32(rng, c), np.abs(f32(rng, c)) + 0.5
+    rm, rv = rm0.copy(), rv0.copy()
+    y, mean, invstd = ops.batch_norm(x, gamma, beta, training=True, running_mean=rm,
+                                     running_var=rv, momentum=0.1, eps=1e-5)
+    px, pg, pb = gpu.up(x), gpu.up(gamma), gpu.up(beta)
+    prm, prv = gpu.up(rm0), gpu.up(rv0)
+    py, pmean, pinv = gpu.empty(x.shape), gpu.empty(c), gpu.empty(c)
+    run(cuda.batch_norm_forward_train, n, c, hw, px, pg, pb, 1e-5, 0.1, prm, prv, py, pmean, pinv)
+    check(gpu.down(py, x.shape), y, "batch_norm", "y")
+    check(gpu.down(pmean, c), mean, "batch_norm", "mean")
+    check(gpu.down(pinv, c), invstd, "batch_norm", "invstd")
+    check(gpu.down(prm, c), rm, "batch_norm", "running_mean")
+    check(gpu.down(prv, c), rv, "batch_norm", "running_var")
+    # without running statistics
+    py2 = gpu.empty(x.shape)
+    run(cuda.batch_norm_forward_train, n, c, hw, px, pg, pb, 1e-5, 0.1, 0, 0, py2, pmean, pinv)
+    check(gpu.down(py2, x.shape), y, "batch_norm", "y (no running stats)")
+
+    # inference with the updated running statistics
+    want, _, _ = ops.batch_norm(x, gamma, beta, training=False, running_mean=rm, running_var=rv)
+    pyi = gpu.empty(x.shape)
+    run(cuda.batch_norm_forward_infer, n, c, hw, px, pg, pb, gpu.up(rm), gpu.up(rv), 1e-5, pyi)
+    check(gpu.down(pyi, x.shape), want, "batch_norm", "y (inference)")
+
+    # backward from the CPU's saved statistics, = and +=
+    dx, dgamma, dbeta = ops.batch_norm_backward(x, gamma, dy, mean, invstd)
+    pdx = gpu.empty(x.shape)
+    g0, b0 = f32(rng, c), f32(rng, c)
+    for accumulate in (False, True):
+        pdg, pdb = gpu.up(g0), gpu.up(b0)
+        run(cuda.batch_norm_backward, n, c, hw, px, pg, gpu.up(dy), gpu.up(mean), gpu.up(invstd),
+            pdx, pdg, pdb, accumulate)
+        check(gpu.down(pdx, x.shape), dx, "batch_norm", "dx")
+        check(gpu.down(pdg, c), dgamma + (g0 if accumulate else 0), "batch_norm", "dgamma")
+        check(gpu.down(pdb, c), dbeta + (b0 if accumulate else 0), "batch_norm", "dbeta")
+
+
+# ---- linear ----------------------------------------------------------------------------------
+
+LINEAR_SHAPES = [(1, 1, 1), (3, 7, 5), (128, 64, 10), (33, 257, 65), (100, 1024, 64),
+                 (1, 3000, 2)]
+
+
+@pytest.mark.parametrize("n, in_, out", LINEAR_SHAPES)
+def test_linear(gpu, rng, n, in_, out):
+    x, w, b, dy = f32(rng, n, in_), f32(rng, out, in_), f32(rng, out), f32(rng, n, out)
+    px, pw, pdy = gpu.up(x), gpu.up(w), gpu.up(dy)
+    for bias in (b, None):
+        py = gpu.empty((n, out))
+        run(cuda.linear_forward, n, in_, out, px, pw, gpu.up(b) if bias is not None else 0, py)
+        check(gpu.down(py, (n, out)), ops.linear(x, w, bias), "gemm", "y")
+    dx, dw, db = ops.linear_backward(x, w, dy)
+    pdx = gpu.empty(x.shape)
+    run(cuda.linear_backward_data, n, in_, out, pdy, pw, pdx)
+    check(gpu.down(pdx, x.shape), dx, "gemm", "dx")
+    w0, b0 = f32(rng, out, in_), f32(rng, out)
+    for accumulate in (False, True):
+        pdw, pdb = gpu.up(w0), gpu.up(b0)
+        run(cuda.linear_backward_weights, n, in_, out, px, pdy, pdw, pdb, accumulate)
+        check(gpu.down(pdw, w.shape), dw + (w0 if accumulate else 0), "gemm", "dw")
+        check(gpu.down(pdb, out), db + (b0 if accumulate else 0), "reduction", "db")
+    pdw = gpu.empty(w.shape)
+    run(cuda.linear_backward_weights, n, in_, out, px, pdy, pdw, 0, False)  # db NULL
+    check(gpu.down(pdw, w.shape), dw, "gemm", "dw (no db)")
+
+
+def test_linear_empty_sizes(gpu, rng):
+    """in == 0: y = b; n == 0: dw = 0 (or unchanged with accumulate), db likewise."""
+    b = f32(rng, 4)
+    py = gpu.empty((3, 4))
+    run(cuda.linear_forward, 3, 0, 4, 0, 0, gpu.up(b), py)
+    check(gpu.down(py, (3, 4)), np.broadcast_to(b, (3, 4)), "exact", "y = b")
+    w0, b0 = f32(rng, 4, 5), f32(rng, 4)
+    pdw, pdb = gpu.up(w0), gpu.up(b0)
+    run(cuda.linear_backward_weights, 0, 5, 4, 0, 0, pdw, pdb, False)
+    check(gpu.down(pdw, (4, 5)), np.zeros((4, 5), np.float32), "exact", "dw = 0")
+    check(gpu.down(pdb, 4), np.zeros(4, np.float32), "exact", "db = 0")
+    pdw, pdb = gpu.up(w0), gpu.up(b0)
+    run(cuda.linear_backward_weights, 0, 5, 4, 0, 0, pdw, pdb, True)
+    check(gpu.down(pdw, (4, 5)), w0, "exact", "dw unchanged")
+    check(gpu.down(pdb, 4), b0, "exact", "db unchanged")
+
+
+# ---- loss ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, classes", [(1, 1), (1, 10), (7, 3), (128, 10), (64, 1000), (5, 33),
+                                        (3000, 10)])
+def test_softmax_cross_entropy(gpu, rng, n, classes):
+    logits = f32(rng, n, classes, scale=5.0)
+    labels = rng.integers(0, classes, n).astype(np.int64)
+    loss, dlogits = ops.softmax_cross_entropy(logits, labels)
+    pl, plab = gpu.up(logits), gpu.up(labels)
+    ploss, pd = gpu.empty(1), gpu.empty((n, classes))
+    run(cuda.softmax_cross_entropy, n, classes, pl, plab, pd, ploss)
+    check(gpu.down(ploss, 1), np.float32([loss]), "loss", "loss")
+    check(gpu.down(pd, (n, classes)), dlogits, "loss", "dlogits")
+    ploss2 = gpu.empty(1)
+    run(cuda.softmax_cross_entropy, n, classes, pl, plab, 0, ploss2)  # no dlogits
+    check(gpu.down(ploss2, 1), gpu.down(ploss, 1), "exact", "loss without dlogits")
+
+
+def test_softmax_cross_entropy_bad_label_is_nan(gpu, rng):
+    logits, labels = f32(rng, 2, 3), np.array([0, 5], np.int64)
+    ploss, pd = gpu.empty(1, fill=0.0), gpu.empty((2, 3), fill=0.0)
+    run(cuda.softmax_cross_entropy, 2, 3, gpu.up(logits), gpu.up(labels), pd, ploss)
+    assert np.isnan(gpu.down(ploss, 1)[0])
+    d = gpu.down(pd, (2, 3))
+    assert np.isnan(d[1]).all() and not np.isnan(d[0]).any()
+
+
+# ---- optimizers ------------------------------------------------------------------------------
+
+SGD_CASES = [dict(momentum=0.0), dict(momentum=0.9, first_step=True), dict(momentum=0.9),
+             dict(momentum=0.9, dampening=0.1, weight_decay=1e-2),
+             dict(momentum=0.9, nesterov=True, weight_decay=5e-4), dict(weight_decay=1e-2)]
+
+
+@pytest.mark.parametrize("count", [1, 1000, 4097])
+@pytest.mark.parametrize("hp", SGD_CASES, ids=str)
+def test_sgd_step(gpu, rng, count, hp):
+    param, grad, buf = f32(rng, count), f32(rng, count), f32(rng, count)
+    want_p, want_b = param.copy(), buf.copy()
+    ops.sgd_step(want_p, grad, want_b if hp.get("momentum") else None, lr=0.1, **hp)
+    pp, pb = gpu.up(param), gpu.up(buf)
+    full = dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, first_step=False)
+    full.update(hp)
+    run(cuda.sgd_step, pp, gpu.up(grad), pb if hp.get("momentum") else 0, 0.1, full["momentum"],
+        full["dampening"], full["weight_decay"], full["nesterov"], full["first_step"], count)
+    check(gpu.down(pp, count), want_p, "optim", "param")
+    if hp.get("momentum"):
+        check(gpu.down(pb, count), want_b, "optim", "momentum buffer")
+
+
+@pytest.mark.parametrize("count", [1, 1000, 4097])
+@pytest.mark.parametrize("step", [1, 10])
+@pytest.mark.parametrize("decoupled, weight_decay", [(False, 0.0), (False, 1e-2), (True, 1e-2)])
+def test_adam_step(gpu, rng, count, step, decoupled, weight_decay):
+    param, grad = f32(rng, count), f32(rng, count)
+    m, v = f32(rng, count, scale=0.1), np.abs(f32(rng, count, scale=0.01))
+    want_p, want_m, want_v = param.copy(), m.copy(), v.copy()
+    ops.adam_step(want_p, grad, want_m, want_v, step=step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                  weight_decay=weight_decay, decoupled=decoupled)
+    pp, pm, pv = gpu.up(param), gpu.up(m), gpu.up(v)
+    run(cuda.adam_step, pp, gpu.up(grad), pm, pv, step, 1e-3, 0.9, 0.999, 1e-8, weight_decay,
+        decoupled, count)
+    check(gpu.down(pp, count), want_p, "optim", "param")
+    check(gpu.down(pm, count), want_m, "optim", "exp_avg")
+    check(gpu.down(pv, count), want_v, "optim", "exp_avg_sq")
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+def test_bad_argument_raises(gpu):
+    px = gpu.empty(16)
+    with pytest.raises(ValueError, match="mdl_cuda_conv2d_forward: kernel size can't be greater"):
+        cuda.conv2d_forward((1, 1, 2, 2, 1, 5, 5, 1, 1, 0, 0), px, px, 0, px)
+    with pytest.raises(ValueError, match="mdl_cuda_relu_forward: y must not be NULL"):
+        cuda.relu_forward(px, 0, 16)
+    shape = (256, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1)
+    need = cuda.conv2d_workspace_size(shape)
+    with pytest.raises(ValueError, match="workspace has"):
+        cuda.conv2d_backward_weights(shape, px, px, px, False, px, need - 1)
+    cuda.synchronize()  # nothing was launched, nothing failed
