@@ -17,7 +17,10 @@ gradient exchange and the bytes each rank sends into the allreduce.
 The model: a step on N ranks takes compute + max(0, allreduce - overlap), where the
 ring allreduce of G gradient bytes costs 2 (N - 1) / N * G / bandwidth + 2 (N - 1) *
 latency, and overlap is the backward time left after the first bucket of gradients
-is ready (from the 1-rank per-layer times and minidl's 256 KiB buckets).
+is ready (from the 1-rank per-layer times and minidl's 256 KiB buckets).  It is
+evaluated twice: with the measured CPU step, and with the step time that the sim
+device's cost model gives for a GPU (`minidl bench --device sim`), the overlap
+window scaled in proportion.
 """
 import argparse
 import datetime
@@ -39,10 +42,10 @@ LATENCY = {"10 Gb/s Ethernet": 20e-6, "25 Gb/s Ethernet": 10e-6, "100 Gb/s Infin
 SCALES = (8, 64, 512)
 
 
-def run(args, ranks, batch):
+def run(args, ranks, batch, extra=()):
     cmd = [sys.executable, "-m", "minidl", "bench", "--model", args.model, "--batch-size",
            str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", "1", "--json"] + (["--nproc", str(ranks)] if ranks > 1 else [])
+           "--threads", "1", "--json", *extra] + (["--nproc", str(ranks)] if ranks > 1 else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     time.sleep(args.pause)
@@ -63,18 +66,18 @@ def overlap_window(layers, param_bytes):
     return total - done
 
 
-def model_table(one, grad_bytes, window):
-    compute = one["train_step_ms"] / 1e3
+def model_table(compute, batch, grad_bytes, window, scenario):
     rows = []
     for n in SCALES:
         for net, bw in NETWORKS.items():
             comm = 2 * (n - 1) / n * grad_bytes / bw + 2 * (n - 1) * LATENCY[net]
             exposed = max(0.0, comm - window)
             step = compute + exposed
-            rows.append({"ranks": n, "network": net, "allreduce_ms": 1e3 * comm,
+            rows.append({"scenario": scenario, "ranks": n, "network": net,
+                         "allreduce_ms": 1e3 * comm,
                          "exposed_ms": 1e3 * exposed, "step_ms": 1e3 * step,
                          "efficiency": compute / step,
-                         "images_per_s": n * one["batch_size"] / step})
+                         "images_per_s": n * batch / step})
     return rows
 
 
@@ -143,8 +146,15 @@ def main():
                    for k, n in net.layers()}
     grad_bytes = sum(param_bytes.values())
     window = overlap_window(best_one["layers"], param_bytes)
-    table = model_table(best_one, grad_bytes, window)
-    hidden_until = crossover(grad_bytes, window)
+    cpu_s = best_one["train_step_ms"] / 1e3
+    gpu = run(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 0, "pause": 0}), 1, b,
+              ["--device", "sim"])
+    gpu_s = gpu["modelled_train_step_ms"] / 1e3
+    scenarios = {"cpu (measured)": (cpu_s, window),
+                 "gpu (sim cost model)": (gpu_s, window * gpu_s / cpu_s)}
+    table = [row for name, (t, w) in scenarios.items()
+             for row in model_table(t, b, grad_bytes, w, name)]
+    hidden_until = {name: crossover(grad_bytes, w) for name, (_, w) in scenarios.items()}
 
     print(f"\n{args.model}, 1 thread per rank, {args.repeats} rounds (median [min, max]):")
     print(f"  1 rank x {b}: {summary['one']['images_per_s_median']:.0f} images/s")
@@ -155,17 +165,20 @@ def main():
               f"best of each {s['scaling_best_of']:.2f}x, "
               f"waits {s['comm_wait_ms_per_step_median']:.2f} ms/step for the exchange of "
               f"{s['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank")
-    print(f"\nmodel: compute {best_one['train_step_ms']:.1f} ms/step (best 1-rank step), "
-          f"{grad_bytes / 1e6:.2f} MB of gradients, overlap window {1e3 * window:.1f} ms")
-    print(f"  {'ranks':>5} {'network':<20} {'allreduce ms':>12} {'exposed ms':>10} "
-          f"{'step ms':>8} {'efficiency':>10} {'images/s':>10}")
+    print(f"\nmodel: {grad_bytes / 1e6:.2f} MB of gradients; compute {1e3 * cpu_s:.1f} ms/step "
+          f"on the cpu (best 1-rank step, overlap window {1e3 * window:.1f} ms), "
+          f"{1e3 * gpu_s:.3f} ms/step modelled for a GPU")
+    print(f"  {'scenario':<21} {'ranks':>5} {'network':<20} {'allreduce ms':>12} "
+          f"{'exposed ms':>10} {'step ms':>8} {'efficiency':>10} {'images/s':>10}")
     for row in table:
-        print(f"  {row['ranks']:>5} {row['network']:<20} {row['allreduce_ms']:>12.2f} "
-              f"{row['exposed_ms']:>10.2f} {row['step_ms']:>8.1f} {row['efficiency']:>10.2f} "
-              f"{row['images_per_s']:>10.0f}")
-    for net, n in hidden_until.items():
-        print(f"  {net}: the overlap hides the exchange up to {n - 1 if n else 'over a million'}"
-              f" ranks (latency {LATENCY[net] * 1e6:.0f} us per ring hop)")
+        print(f"  {row['scenario']:<21} {row['ranks']:>5} {row['network']:<20} "
+              f"{row['allreduce_ms']:>12.2f} {row['exposed_ms']:>10.2f} {row['step_ms']:>8.2f} "
+              f"{row['efficiency']:>10.2f} {row['images_per_s']:>10.0f}")
+    for name, nets in hidden_until.items():
+        for net, n in nets.items():
+            print(f"  {name}, {net}: the overlap hides the exchange up to "
+                  f"{n - 1 if n else 'over a million'} ranks "
+                  f"(latency {LATENCY[net] * 1e6:.0f} us per ring hop)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": datetime.date.today().isoformat(), "commit": git_commit(),
@@ -173,6 +186,7 @@ def main():
                        "command": " ".join(["python3", "bench/bench_mpi.py", *sys.argv[1:]]),
                        "summary": summary, "scale_model": {
                            "gradient_bytes": grad_bytes, "overlap_window_ms": 1e3 * window,
+                           "step_ms": {k: 1e3 * t for k, (t, _) in scenarios.items()},
                            "latency_s": LATENCY, "rows": table,
                            "first_exposed_ranks": hidden_until},
                        "rounds": rounds}, f, indent=1)
