@@ -161,8 +161,6 @@ def train(config: TrainConfig, log=print) -> Dict:
     comm.check_same("the model", (net.name, net.num_parameters()))
     comm.broadcast([p.data for p in net.parameters().values()] + list(net.buffers().values()))
     if cfg.sync_bn and comm.size > 1:
-        if device.kind != "cpu":
-            raise ValueError(f"--sync-bn runs on the cpu device only, not {device.name}")
         for _, node in net.layers():
             if isinstance(node.layer, BatchNorm2d):
                 node.layer.sync = comm

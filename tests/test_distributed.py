@@ -170,13 +170,16 @@ def test_two_ranks_follow_the_one_process_trajectory(cifar, tmp_path, model, ext
 
 
 @mpi
-@pytest.mark.parametrize("exchange", ["host", "device"])
-def test_two_ranks_on_sim_follow_the_one_process_trajectory(cifar, tmp_path, exchange):
+@pytest.mark.parametrize("model,exchange,extra", [("cifar10_quick", "host", []),
+                                                  ("cifar10_quick", "device", []),
+                                                  ("cifar10_full", "host", ["--sync-bn"])])
+def test_two_ranks_on_sim_follow_the_one_process_trajectory(cifar, tmp_path, model, exchange,
+                                                            extra):
     """Gradients on a (simulated) device: staged through host buffers, or reduced in
-    place in device memory as with a CUDA-aware MPI."""
-    one = _run(_train_args(cifar, tmp_path / "one"))
-    two = _run(_train_args(cifar, tmp_path / "two", "cifar10_quick", 40, 1, "--device", "sim",
-                           "--grad-exchange", exchange), ranks=2)
+    place in device memory as with a CUDA-aware MPI; synchronised BatchNorm there."""
+    one = _run(_train_args(cifar, tmp_path / "one", model, 40, 1, *extra))
+    two = _run(_train_args(cifar, tmp_path / "two", model, 40, 1, "--device", "sim",
+                           "--grad-exchange", exchange, *extra), ranks=2)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert "device sim" in two.stdout
     assert _rel_diff(_params(tmp_path / "two"), _params(tmp_path / "one")) < TOL

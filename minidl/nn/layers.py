@@ -23,10 +23,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from minidl import ops
-from minidl.device import DeviceArray, copy_into, fill, get_device
+from minidl.device import DeviceArray, asnumpy, copy_into, fill, get_device
 from minidl.nn import init as _init
 
 Shape = Tuple[int, ...]
+
+
+def _where(a: np.ndarray, like):
+    """The host array a, moved to the device `like` lives on."""
+    return like.device.to_device(a) if isinstance(like, DeviceArray) else a
 
 
 class ShapeError(ValueError):
@@ -246,11 +251,13 @@ class BatchNorm2d(Layer):
 
     # Synchronised BatchNorm: the statistics of the global batch, from per-channel sums
     # (float64) added over the ranks; backward adds the ranks' sums of dy and dy * xhat.
+    # It computes on the host (arrays on a device make a round trip).
     @staticmethod
     def _channels(a):
         return a.reshape(a.shape[0], a.shape[1], -1)
 
-    def _forward_sync(self, x):
+    def _forward_sync(self, x_in):
+        x = asnumpy(x_in)
         c = x.shape[1]
         x3 = self._channels(x).astype(np.float64)
         local = np.concatenate([x3.sum((0, 2)), np.square(x3).sum((0, 2)), [x3[:, 0].size]])
@@ -261,17 +268,19 @@ class BatchNorm2d(Layer):
         mean = total[:c] / m
         var = np.maximum(total[c:2 * c] / m - mean * mean, 0.0)
         b = self.buffers
-        y, mean32, invstd = ops.batch_norm(x, self.params["weight"].data,
-                                           self.params["bias"].data, training=False,
+        y, mean32, invstd = ops.batch_norm(x, asnumpy(self.params["weight"].data),
+                                           asnumpy(self.params["bias"].data), training=False,
                                            running_mean=mean.astype(np.float32),
                                            running_var=var.astype(np.float32), eps=self.eps)
         for name, stat in (("running_mean", mean), ("running_var", var * m / (m - 1))):
-            b[name][...] = (1 - self.momentum) * b[name] + self.momentum * stat
+            copy_into(b[name], ((1 - self.momentum) * asnumpy(b[name]) + self.momentum * stat
+                                ).astype(np.float32))
         b["num_batches_tracked"] += 1
-        return y, (x, mean32, invstd, m)
+        return _where(y, x_in), (x_in, mean32, invstd, m)
 
-    def _backward_sync(self, dy, saved):
-        x, mean, invstd, m = saved
+    def _backward_sync(self, dy_in, saved):
+        x_in, mean, invstd, m = saved
+        x, dy = asnumpy(x_in), asnumpy(dy_in)
         g, beta = self.params["weight"], self.params["bias"]
         c = x.shape[1]
         xhat = self._channels(x - mean.reshape(-1, *[1] * (x.ndim - 2)))
@@ -279,13 +288,14 @@ class BatchNorm2d(Layer):
         dy3 = self._channels(dy)
         dbeta = dy3.sum((0, 2), dtype=np.float64)
         dgamma = np.einsum("nci,nci->c", dy3, xhat, dtype=np.float64)
-        beta.grad, g.grad = dbeta.astype(np.float32), dgamma.astype(np.float32)
+        beta.grad = _where(dbeta.astype(np.float32), g.data)
+        g.grad = _where(dgamma.astype(np.float32), g.data)
         total = self.sync.allreduce(np.concatenate([dbeta, dgamma]))
-        scale = (g.data * invstd)[:, None]
+        scale = (asnumpy(g.data) * invstd)[:, None]
         dx = dy3 - (total[:c] / m).astype(np.float32)[:, None]
         dx -= xhat * (total[c:] / m).astype(np.float32)[:, None]
         dx *= scale
-        return dx.reshape(x.shape)
+        return _where(dx.reshape(x.shape), x_in)
 
     def flops(self, in_shapes, out_shape):
         return 4 * int(np.prod(out_shape))
