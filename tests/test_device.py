@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import minidl
 from minidl import models, ops
 from minidl.device import (DeviceArray, OutOfDeviceMemory, asnumpy, get_device, parse_bytes)
 from minidl.optim import SGD, Adam
@@ -454,10 +455,14 @@ needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None, reason=str(CUDA_MISSIN
 CUDA_RTOL = 1e-4  # float32 kernels in another summation order: max |diff| / max |want|
 
 
-def _close(got, want, rtol=CUDA_RTOL, what=""):
+def _rel_err(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3) if want.size else 0.0
-    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol}"
+    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3) if want.size else 0.0
+
+
+def _close(got, want, rtol=CUDA_RTOL, what=""):
+    err = _rel_err(got, want)
+    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol:.3g}"
 
 
 @needs_cuda
@@ -476,8 +481,10 @@ def test_ops_on_cuda_match_the_cpu(name, rng):
 @pytest.mark.parametrize("model", ["cifar10_quick", "resnet20"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_training_on_cuda_matches_the_cpu(model, optimizer):
-    """3 steps; parameters within 1e-3 of their largest magnitude (different summation
-    orders compound over steps, and through BatchNorm)."""
+    """3 steps; each parameter within 1e-3 of its largest magnitude, or within 4 times
+    what the CPU's own scalar and SIMD kernels differ by there: resnet20's BatchNorm
+    biases sum gradients that nearly cancel, and the CPU's two versions differ by up to
+    2e-2 (SGD) and 1e-1 (Adam) on them after 3 steps (summation orders compound)."""
     cpu_net, _, _, cpu_losses = _train(model, "cpu", OPTIMIZERS[optimizer])
     dev = get_device("cuda", memory="2GiB")
     net = models.build(model, seed=0).to(dev)
@@ -490,6 +497,11 @@ def test_training_on_cuda_matches_the_cpu(model, optimizer):
         opt.step()
         assert abs(loss - cpu_losses[i]) <= 1e-4 * max(1.0, abs(cpu_losses[i]))
     want = cpu_net.state_dict()
+    minidl.set_simd("scalar")
+    try:
+        other = _train(model, "cpu", OPTIMIZERS[optimizer])[0].state_dict()
+    finally:
+        minidl.set_simd(minidl.cpu_simd())
     for k, v in net.state_dict().items():
-        _close(v, want[k], rtol=1e-3, what=k)
+        _close(v, want[k], rtol=max(1e-3, 4 * _rel_err(other[k], want[k])), what=k)
     assert dev.peak <= dev.budget
