@@ -505,3 +505,57 @@ def test_training_on_cuda_matches_the_cpu(model, optimizer):
     for k, v in net.state_dict().items():
         _close(v, want[k], rtol=max(1e-3, 4 * _rel_err(other[k], want[k])), what=k)
     assert dev.peak <= dev.budget
+
+
+@needs_cuda
+def test_the_cuda_allocator_caches_blocks_and_releases_them_under_pressure():
+    dev = get_device("cuda", memory="1MiB")
+    a = dev.empty((1000,))  # 4000 bytes, rounded up to 4096
+    ptr = dev.address(a)
+    del a
+    assert dev.in_use == 4096 and dev.cached == 4096
+    b = dev.empty((1024,))  # the same rounded size: the cached block
+    assert dev.address(b) == ptr and dev.cached == 0
+    del b
+    c = dev.empty((261_200,))  # fits only once the cache is given back
+    assert dev.cached == 0 and dev.in_use == 1044992
+    with pytest.raises(OutOfDeviceMemory):
+        dev.empty((1000,))
+    del c
+    dev.empty_cache()
+    assert dev.in_use == 0 and dev.peak == 1044992
+    np.testing.assert_array_equal(dev.to_host(dev.full((5,), 7, np.int32)), [7] * 5)
+    np.testing.assert_array_equal(dev.to_host(dev.zeros((5,), np.uint8)), [0] * 5)
+
+
+@needs_cuda
+def test_cuda_kernels_and_copies_run_on_the_current_stream_between_events():
+    dev = get_device("cuda")
+    h = dev.pinned_empty((3,))
+    h[:] = [-1, 0, 2]
+    with dev.use(dev.stream()) as s:
+        start = dev.event().record()
+        y = dev.to_host_async(ops.relu(dev.to_device_async(h)))
+        end = dev.event().record()
+    s.synchronize()
+    np.testing.assert_array_equal(y, [0, 0, 2])
+    assert start.elapsed_ms(end) >= 0
+
+
+@needs_cuda
+def test_cli_device_cuda_end_to_end_matches_the_cpu(tmp_path, rng, capsys):
+    root = write_idx(tmp_path / "data", rng)
+    metrics = []
+    for device in ("cpu", "cuda"):
+        assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", root,
+                       "--epochs", 1, "--limit-train", 64, "--limit-test", 32, "--batch-size",
+                       32, "--no-progress", "--no-download", "--out", tmp_path / device,
+                       "--device", device) == 0
+        metrics.append(json.loads((tmp_path / device / "metrics.jsonl").read_text()))
+    assert "device cuda:0" in capsys.readouterr().out
+    for k in ("train_loss", "test_loss"):
+        assert abs(metrics[1][k] - metrics[0][k]) <= 1e-4 * max(1.0, abs(metrics[0][k])), k
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 4, "--steps", 1, "--warmup", 0,
+                   "--json", "--device", "cuda", "--gpu-memory", "64MiB") == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "cuda:0" and 0 < r["device_peak_bytes"] <= 64 * 2**20
