@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import minidl
 from minidl import models, ops
 from minidl.device import (DeviceArray, OutOfDeviceMemory, asnumpy, get_device, parse_bytes)
 from minidl.optim import SGD, Adam
@@ -454,10 +455,14 @@ needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None, reason=str(CUDA_MISSIN
 CUDA_RTOL = 1e-4  # float32 kernels in another summation order: max |diff| / max |want|
 
 
-def _close(got, want, rtol=CUDA_RTOL, what=""):
+def _rel_err(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3) if want.size else 0.0
-    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol}"
+    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-3) if want.size else 0.0
+
+
+def _close(got, want, rtol=CUDA_RTOL, what=""):
+    err = _rel_err(got, want)
+    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol:.3g}"
 
 
 @needs_cuda
@@ -476,8 +481,10 @@ def test_ops_on_cuda_match_the_cpu(name, rng):
 @pytest.mark.parametrize("model", ["cifar10_quick", "resnet20"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_training_on_cuda_matches_the_cpu(model, optimizer):
-    """3 steps; parameters within 1e-3 of their largest magnitude (different summation
-    orders compound over steps, and through BatchNorm)."""
+    """3 steps; each parameter within 1e-3 of its largest magnitude, or within 4 times
+    what the CPU's own scalar and SIMD kernels differ by there: resnet20's BatchNorm
+    biases sum gradients that nearly cancel, and the CPU's two versions differ by up to
+    2e-2 (SGD) and 1e-1 (Adam) on them after 3 steps (summation orders compound)."""
     cpu_net, _, _, cpu_losses = _train(model, "cpu", OPTIMIZERS[optimizer])
     dev = get_device("cuda", memory="2GiB")
     net = models.build(model, seed=0).to(dev)
@@ -490,6 +497,65 @@ def test_training_on_cuda_matches_the_cpu(model, optimizer):
         opt.step()
         assert abs(loss - cpu_losses[i]) <= 1e-4 * max(1.0, abs(cpu_losses[i]))
     want = cpu_net.state_dict()
+    minidl.set_simd("scalar")
+    try:
+        other = _train(model, "cpu", OPTIMIZERS[optimizer])[0].state_dict()
+    finally:
+        minidl.set_simd(minidl.cpu_simd())
     for k, v in net.state_dict().items():
-        _close(v, want[k], rtol=1e-3, what=k)
+        _close(v, want[k], rtol=max(1e-3, 4 * _rel_err(other[k], want[k])), what=k)
     assert dev.peak <= dev.budget
+
+
+@needs_cuda
+def test_the_cuda_allocator_caches_blocks_and_releases_them_under_pressure():
+    dev = get_device("cuda", memory="1MiB")
+    a = dev.empty((1000,))  # 4000 bytes, rounded up to 4096
+    ptr = dev.address(a)
+    del a
+    assert dev.in_use == 4096 and dev.cached == 4096
+    b = dev.empty((1024,))  # the same rounded size: the cached block
+    assert dev.address(b) == ptr and dev.cached == 0
+    del b
+    c = dev.empty((261_200,))  # fits only once the cache is given back
+    assert dev.cached == 0 and dev.in_use == 1044992
+    with pytest.raises(OutOfDeviceMemory):
+        dev.empty((1000,))
+    del c
+    dev.empty_cache()
+    assert dev.in_use == 0 and dev.peak == 1044992
+    np.testing.assert_array_equal(dev.to_host(dev.full((5,), 7, np.int32)), [7] * 5)
+    np.testing.assert_array_equal(dev.to_host(dev.zeros((5,), np.uint8)), [0] * 5)
+
+
+@needs_cuda
+def test_cuda_kernels_and_copies_run_on_the_current_stream_between_events():
+    dev = get_device("cuda")
+    h = dev.pinned_empty((3,))
+    h[:] = [-1, 0, 2]
+    with dev.use(dev.stream()) as s:
+        start = dev.event().record()
+        y = dev.to_host_async(ops.relu(dev.to_device_async(h)))
+        end = dev.event().record()
+    s.synchronize()
+    np.testing.assert_array_equal(y, [0, 0, 2])
+    assert start.elapsed_ms(end) >= 0
+
+
+@needs_cuda
+def test_cli_device_cuda_end_to_end_matches_the_cpu(tmp_path, rng, capsys):
+    root = write_idx(tmp_path / "data", rng)
+    metrics = []
+    for device in ("cpu", "cuda"):
+        assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", root,
+                       "--epochs", 1, "--limit-train", 64, "--limit-test", 32, "--batch-size",
+                       32, "--no-progress", "--no-download", "--out", tmp_path / device,
+                       "--device", device) == 0
+        metrics.append(json.loads((tmp_path / device / "metrics.jsonl").read_text()))
+    assert "device cuda:0" in capsys.readouterr().out
+    for k in ("train_loss", "test_loss"):
+        assert abs(metrics[1][k] - metrics[0][k]) <= 1e-4 * max(1.0, abs(metrics[0][k])), k
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 4, "--steps", 1, "--warmup", 0,
+                   "--json", "--device", "cuda", "--gpu-memory", "64MiB") == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "cuda:0" and 0 < r["device_peak_bytes"] <= 64 * 2**20
