@@ -9,6 +9,7 @@ Each round runs, in fresh processes and in this order (A B C A B C ...):
     A  minidl bench --threads 1 --batch-size B                    1 rank
     B  minidl bench --threads 1 --batch-size R*B --nproc R        R ranks x B (weak scaling)
     C  minidl bench --threads 1 --batch-size B --nproc R          R ranks x B/R (strong scaling)
+    D  R copies of A at once, without MPI                          the machine's own ceiling
 
 Scaling is the median over rounds of the per-round ratio of images/s (all ranks)
 to the 1-rank images/s, and the ratio of the best runs (the quiet machine); the rank runs also report the time a step waits for the
@@ -42,14 +43,26 @@ LATENCY = {"10 Gb/s Ethernet": 20e-6, "25 Gb/s Ethernet": 10e-6, "100 Gb/s Infin
 SCALES = (8, 64, 512)
 
 
-def run(args, ranks, batch, extra=()):
+def run(args, ranks, batch, extra=(), copies=1):
+    """One `minidl bench` (as `ranks` MPI ranks), or `copies` independent ones at once
+    (their images/s added up)."""
     cmd = [sys.executable, "-m", "minidl", "bench", "--model", args.model, "--batch-size",
            str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", "1", "--json", *extra] + (["--nproc", str(ranks)] if ranks > 1 else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(copies)]
+    reports = []
+    for p in procs:
+        out = p.communicate()[0]
+        if p.returncode:
+            raise subprocess.CalledProcessError(p.returncode, cmd)
+        reports.append(json.loads(out.strip().splitlines()[-1]))
     time.sleep(args.pause)
-    return json.loads(out.strip().splitlines()[-1])
+    if copies > 1:
+        return {"train_images_per_s": sum(r["train_images_per_s"] for r in reports),
+                "copies": reports}
+    return reports[0]
 
 
 def overlap_window(layers, param_bytes):
@@ -114,17 +127,17 @@ def main():
     rounds = []
     for i in range(args.repeats):
         rounds.append({"one": run(args, 1, b), "weak": run(args, r, r * b),
-                       "strong": run(args, r, b)})
-        one = rounds[-1]["one"]["train_images_per_s"]
-        print(f"round {i + 1}: 1 rank {one:.0f} images/s; {r} ranks x {b}: "
-              f"{rounds[-1]['weak']['train_images_per_s'] / one:.2f}x; {r} ranks x {b // r}: "
-              f"{rounds[-1]['strong']['train_images_per_s'] / one:.2f}x", flush=True)
+                       "strong": run(args, r, b), "ceiling": run(args, 1, b, copies=r)})
+        x = {k: v["train_images_per_s"] for k, v in rounds[-1].items()}
+        print(f"round {i + 1}: 1 rank {x['one']:.0f} images/s; {r} ranks x {b}: "
+              f"{x['weak'] / x['one']:.2f}x; {r} ranks x {b // r}: {x['strong'] / x['one']:.2f}x; "
+              f"{r} processes without MPI: {x['ceiling'] / x['one']:.2f}x", flush=True)
 
     def med(kind, key):
         return statistics.median(x[kind][key] for x in rounds)
 
     summary = {}
-    for kind in ("weak", "strong"):
+    for kind in ("weak", "strong", "ceiling"):
         ratios = [x[kind]["train_images_per_s"] / x["one"]["train_images_per_s"]
                   for x in rounds]
         best = max(x[kind]["train_images_per_s"] for x in rounds) / \
@@ -132,10 +145,12 @@ def main():
         summary[kind] = {
             "scaling_median": statistics.median(ratios), "scaling_best_of": best,
             "scaling_min": min(ratios),
-            "scaling_max": max(ratios), "images_per_s_median": med(kind, "train_images_per_s"),
-            "comm_wait_ms_per_step_median": med(kind, "comm_wait_ms_per_step"),
-            "bytes_exchanged_per_step": rounds[0][kind]["bytes_exchanged_per_step"],
-            "train_step_ms_median": med(kind, "train_step_ms")}
+            "scaling_max": max(ratios), "images_per_s_median": med(kind, "train_images_per_s")}
+        if kind != "ceiling":
+            summary[kind].update(
+                comm_wait_ms_per_step_median=med(kind, "comm_wait_ms_per_step"),
+                bytes_exchanged_per_step=rounds[0][kind]["bytes_exchanged_per_step"],
+                train_step_ms_median=med(kind, "train_step_ms"))
     summary["one"] = {"images_per_s_median": med("one", "train_images_per_s"),
                       "train_step_ms_median": med("one", "train_step_ms")}
     best_one = min((x["one"] for x in rounds), key=lambda o: o["train_step_ms"])
@@ -165,6 +180,10 @@ def main():
               f"best of each {s['scaling_best_of']:.2f}x, "
               f"waits {s['comm_wait_ms_per_step_median']:.2f} ms/step for the exchange of "
               f"{s['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank")
+    s = summary["ceiling"]
+    print(f"  {r} independent processes x {b}, no MPI: {s['images_per_s_median']:.0f} images/s, "
+          f"{s['scaling_median']:.2f}x [{s['scaling_min']:.2f}, {s['scaling_max']:.2f}], best of "
+          f"each {s['scaling_best_of']:.2f}x (what the machine allows)")
     print(f"\nmodel: {grad_bytes / 1e6:.2f} MB of gradients; compute {1e3 * cpu_s:.1f} ms/step "
           f"on the cpu (best 1-rank step, overlap window {1e3 * window:.1f} ms), "
           f"{1e3 * gpu_s:.3f} ms/step modelled for a GPU")

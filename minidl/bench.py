@@ -81,7 +81,7 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
     ex.timings = {}  # per-layer times from separate steps, so timing does not slow the above
     layer_steps = max(1, min(steps, 5))
     for _ in range(layer_steps):
-        ex.train_step(x, y)
+        train_step()
     layers = [{"name": s.name, "kind": s.kind,
                "forward_ms": 1e3 * ex.timings[s.name][0] / layer_steps,
                "backward_ms": 1e3 * ex.timings.get(s.name, [0, 0])[1] / layer_steps}
