@@ -5,6 +5,7 @@
 #include <math.h>
 #include "common.h"
 #include "batchnorm.h"
+#include "checks.h"
 
 #define PAR_FOR _Pragma("omp parallel for schedule(static) num_threads(nt)")
 
@@ -94,23 +95,7 @@ void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_
 
 /* ---- checks and dispatch -------------------------------------------------- */
 
-static mdl_status check_shape(const char *fn, int64_t n, int64_t c, int64_t hw)
-{
-    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
-    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
-    MDL_CHECK(hw >= 1, "%s: hw must be >= 1, got %lld", fn, (long long)hw);
-    MDL_CHECK(n <= INT64_MAX / c / hw,
-              "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)", fn, (long long)n,
-              (long long)c, (long long)hw);
-    return MDL_OK;
-}
-
-static mdl_status check_eps(const char *fn, float eps)
-{
-    MDL_CHECK(eps >= 0.0f && isfinite(eps), "%s: eps must be finite and >= 0, got %g", fn,
-              (double)eps);
-    return MDL_OK;
-}
+/* the checks: mdl_bn_check_* in checks.h */
 
 /* Split the channels into one contiguous range per thread, in one parallel
  * region.  With hw == 1 the AVX2 kernels sweep 16 channels at a time, so the
@@ -134,23 +119,11 @@ mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const 
                                         float *y, float *save_mean, float *save_invstd)
 {
     static const char fn[] = "mdl_batch_norm_forward_train";
-    mdl_status st = check_shape(fn, n, c, hw);
+    mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
-    MDL_CHECK(momentum >= 0.0f && momentum <= 1.0f, "%s: momentum must be in [0, 1], got %g",
-              fn, (double)momentum);
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(beta);
-    MDL_CHECK_PTR(y);
-    MDL_CHECK_PTR(save_mean);
-    MDL_CHECK_PTR(save_invstd);
-    MDL_CHECK((running_mean == NULL) == (running_var == NULL),
-              "%s: running_mean and running_var must be both given or both NULL, got %s NULL",
-              fn, running_mean == NULL ? "only running_mean" : "only running_var");
-    MDL_CHECK(n * hw > 1,
-              "%s: expected more than 1 value per channel when training, got n * hw = %lld",
-              fn, (long long)(n * hw));
+    st = mdl_bn_check_train_args(fn, n, hw, x, gamma, beta, eps, momentum, running_mean,
+                                 running_var, y, save_mean, save_invstd);
+    if (st != MDL_OK) return st;
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(3.0, if (avx2) mdl_bn_train_avx2(n, c, hw, c0, c1, x, gamma, beta, eps,
                                                     momentum, running_mean, running_var, y,
@@ -167,15 +140,10 @@ mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const 
                                         float eps, float *y)
 {
     static const char fn[] = "mdl_batch_norm_forward_infer";
-    mdl_status st = check_shape(fn, n, c, hw);
+    mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(beta);
-    MDL_CHECK_PTR(running_mean);
-    MDL_CHECK_PTR(running_var);
-    MDL_CHECK_PTR(y);
+    st = mdl_bn_check_infer_args(fn, x, gamma, beta, running_mean, running_var, eps, y);
+    if (st != MDL_OK) return st;
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(1.0, if (avx2) mdl_bn_infer_avx2(n, c, hw, c0, c1, x, gamma, beta,
                                                     running_mean, running_var, eps, y);
@@ -190,16 +158,11 @@ mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float
                                    float *dbeta, int accumulate)
 {
     static const char fn[] = "mdl_batch_norm_backward";
-    mdl_status st = check_shape(fn, n, c, hw);
+    mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(save_mean);
-    MDL_CHECK_PTR(save_invstd);
-    MDL_CHECK_PTR(dx);
-    MDL_CHECK_PTR(dgamma);
-    MDL_CHECK_PTR(dbeta);
+    st = mdl_bn_check_backward_args(fn, x, gamma, dy, save_mean, save_invstd, dx, dgamma,
+                                    dbeta);
+    if (st != MDL_OK) return st;
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_backward_avx2(n, c, hw, c0, c1, x, gamma, dy,
                                                        save_mean, save_invstd, dx, dgamma,

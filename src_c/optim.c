@@ -5,6 +5,7 @@
 #include <math.h>
 #include "common.h"
 #include "optim.h"
+#include "checks.h"
 
 /* ---- scalar references ---------------------------------------------------- */
 
@@ -50,20 +51,9 @@ mdl_status mdl_sgd_step(int64_t count, float *param, const float *grad, float *m
                         float lr, float momentum, float dampening, float weight_decay,
                         int nesterov, int first_step)
 {
-    MDL_CHECK_NONNEG(count);
-    MDL_CHECK(lr >= 0.0f, "%s: lr must be >= 0, got %g", __func__, (double)lr);
-    MDL_CHECK(momentum >= 0.0f, "%s: momentum must be >= 0, got %g", __func__, (double)momentum);
-    MDL_CHECK(weight_decay >= 0.0f, "%s: weight_decay must be >= 0, got %g", __func__,
-              (double)weight_decay);
-    MDL_CHECK(!nesterov || (momentum > 0.0f && dampening == 0.0f),
-              "%s: nesterov needs momentum > 0 and dampening == 0, got momentum %g, dampening %g",
-              __func__, (double)momentum, (double)dampening);
-    if (count == 0) return MDL_OK;
-    MDL_CHECK_PTR(param);
-    MDL_CHECK_PTR(grad);
-    MDL_CHECK(momentum == 0.0f || momentum_buf != NULL,
-              "%s: momentum_buf must not be NULL when momentum != 0 (momentum %g)", __func__,
-              (double)momentum);
+    mdl_status st = mdl_sgd_check_args(__func__, count, param, grad, momentum_buf, lr, momentum,
+                                       dampening, weight_decay, nesterov);
+    if (st != MDL_OK || count == 0) return st;
 
     mdl_sgd_hp hp = {lr, momentum, (float)(1.0 - (double)dampening), weight_decay,
                      nesterov != 0, first_step != 0};
@@ -78,21 +68,9 @@ mdl_status mdl_adam_step(int64_t count, float *param, const float *grad, float *
                          float *exp_avg_sq, int64_t step, float lr, float beta1, float beta2,
                          float eps, float weight_decay, int decoupled)
 {
-    MDL_CHECK_NONNEG(count);
-    MDL_CHECK_POS(step);
-    MDL_CHECK(lr >= 0.0f, "%s: lr must be >= 0, got %g", __func__, (double)lr);
-    MDL_CHECK(beta1 >= 0.0f && beta1 < 1.0f, "%s: beta1 must be in [0, 1), got %g", __func__,
-              (double)beta1);
-    MDL_CHECK(beta2 >= 0.0f && beta2 < 1.0f, "%s: beta2 must be in [0, 1), got %g", __func__,
-              (double)beta2);
-    MDL_CHECK(eps >= 0.0f, "%s: eps must be >= 0, got %g", __func__, (double)eps);
-    MDL_CHECK(weight_decay >= 0.0f, "%s: weight_decay must be >= 0, got %g", __func__,
-              (double)weight_decay);
-    if (count == 0) return MDL_OK;
-    MDL_CHECK_PTR(param);
-    MDL_CHECK_PTR(grad);
-    MDL_CHECK_PTR(exp_avg);
-    MDL_CHECK_PTR(exp_avg_sq);
+    mdl_status st = mdl_adam_check_args(__func__, count, param, grad, exp_avg, exp_avg_sq, step,
+                                        lr, beta1, beta2, eps, weight_decay);
+    if (st != MDL_OK || count == 0) return st;
 
     /* bias corrections once per call, in double */
     double bc1 = 1.0 - pow((double)beta1, (double)step);

@@ -10,6 +10,7 @@
  * Inference is elementwise. */
 #include <math.h>
 #include "common.cuh"
+#include "../src_c/checks.h"
 
 #define BN_THREADS 512
 
@@ -157,24 +158,14 @@ bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma
 
 /* ---- checks and launches (src_c/batchnorm.c) ------------------------------------ */
 
+/* mdl_bn_check_shape (src_c/checks.h), then the limit of the kernels */
 static mdl_status check_shape(const char *fn, int64_t n, int64_t c, int64_t hw)
 {
-    MDL_CHECK(n >= 1, "%s: n must be >= 1, got %lld", fn, (long long)n);
-    MDL_CHECK(c >= 1, "%s: c must be >= 1, got %lld", fn, (long long)c);
-    MDL_CHECK(hw >= 1, "%s: hw must be >= 1, got %lld", fn, (long long)hw);
-    MDL_CHECK(n <= INT64_MAX / c / hw,
-              "%s: n * c * hw overflows int64 (n = %lld, c = %lld, hw = %lld)", fn, (long long)n,
-              (long long)c, (long long)hw);
+    mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
     if (c > 2147483647LL)
         return mdl_cuda_error(MDL_ERR_UNSUPPORTED, "%s: c must be below 2^31 (a block per "
                               "channel), got %lld", fn, (long long)c);
-    return MDL_OK;
-}
-
-static mdl_status check_eps(const char *fn, float eps)
-{
-    MDL_CHECK(eps >= 0.0f && isfinite(eps), "%s: eps must be finite and >= 0, got %g", fn,
-              (double)eps);
     return MDL_OK;
 }
 
@@ -187,21 +178,9 @@ mdl_status mdl_cuda_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, c
     static const char fn[] = "mdl_cuda_batch_norm_forward_train";
     mdl_status st = check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
-    MDL_CHECK(momentum >= 0.0f && momentum <= 1.0f, "%s: momentum must be in [0, 1], got %g",
-              fn, (double)momentum);
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(beta);
-    MDL_CHECK_PTR(y);
-    MDL_CHECK_PTR(save_mean);
-    MDL_CHECK_PTR(save_invstd);
-    MDL_CHECK((running_mean == NULL) == (running_var == NULL),
-              "%s: running_mean and running_var must be both given or both NULL, got %s NULL",
-              fn, running_mean == NULL ? "only running_mean" : "only running_var");
-    MDL_CHECK(n * hw > 1,
-              "%s: expected more than 1 value per channel when training, got n * hw = %lld",
-              fn, (long long)(n * hw));
+    st = mdl_bn_check_train_args(fn, n, hw, x, gamma, beta, eps, momentum, running_mean,
+                                 running_var, y, save_mean, save_invstd);
+    if (st != MDL_OK) return st;
     bn_train<<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, beta, eps, momentum,
                                                      running_mean, running_var, y, save_mean,
                                                      save_invstd);
@@ -217,13 +196,8 @@ mdl_status mdl_cuda_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, c
     static const char fn[] = "mdl_cuda_batch_norm_forward_infer";
     mdl_status st = check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    if ((st = check_eps(fn, eps)) != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(beta);
-    MDL_CHECK_PTR(running_mean);
-    MDL_CHECK_PTR(running_var);
-    MDL_CHECK_PTR(y);
+    st = mdl_bn_check_infer_args(fn, x, gamma, beta, running_mean, running_var, eps, y);
+    if (st != MDL_OK) return st;
     bn_infer<<<mdl_ew_blocks(n * c * hw), MDL_EW_THREADS, 0, stream>>>(
         n, c, hw, x, gamma, beta, running_mean, running_var, eps, y);
     return mdl_cuda_launched(fn);
@@ -238,14 +212,9 @@ mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const 
     static const char fn[] = "mdl_cuda_batch_norm_backward";
     mdl_status st = check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(gamma);
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(save_mean);
-    MDL_CHECK_PTR(save_invstd);
-    MDL_CHECK_PTR(dx);
-    MDL_CHECK_PTR(dgamma);
-    MDL_CHECK_PTR(dbeta);
+    st = mdl_bn_check_backward_args(fn, x, gamma, dy, save_mean, save_invstd, dx, dgamma,
+                                    dbeta);
+    if (st != MDL_OK) return st;
     bn_backward<<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
                                                         save_invstd, dx, dgamma, dbeta,
                                                         accumulate);

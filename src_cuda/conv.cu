@@ -9,13 +9,11 @@
  *                     into slices whose partial sums the workspace holds, added in order
  *   backward_bias     db (c_out)         = sum of dy over n and P, a block per channel
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1).
- * Argument checks as in src_c/conv.c. */
+ * Argument checks as in src_c/conv.c (the shape check is shared: src_c/checks.h). */
 #include "gemm.cuh"
+#include "../src_c/checks.h"
 
 /* ---- shape checks ------------------------------------------------------------------ */
-
-#define SIZE_LIMIT 2147483647LL
-#define COUNT_LIMIT 1152921504606846976.0 /* 2^60 */
 
 namespace {
 
@@ -24,50 +22,12 @@ struct conv_geom {
     int K, P; /* c_in*kh*kw, ho*wo */
 };
 
-mdl_status check_shape(const char *fn, const mdl_conv2d_shape *s, int64_t *ho, int64_t *wo)
-{
-    MDL_CHECK(s != NULL, "%s: shape s must not be NULL", fn);
-#define FIELD_IN(f, lo)                                                               \
-    MDL_CHECK(s->f >= (lo) && s->f <= SIZE_LIMIT,                                     \
-              "%s: shape field %s must be in [%d, %lld], got %lld", fn, #f, (lo), SIZE_LIMIT, \
-              (long long)s->f)
-    FIELD_IN(n, 1);
-    FIELD_IN(c_in, 1);
-    FIELD_IN(h, 1);
-    FIELD_IN(w, 1);
-    FIELD_IN(c_out, 1);
-    FIELD_IN(kh, 1);
-    FIELD_IN(kw, 1);
-    FIELD_IN(stride_h, 1);
-    FIELD_IN(stride_w, 1);
-    FIELD_IN(pad_h, 0);
-    FIELD_IN(pad_w, 0);
-#undef FIELD_IN
-    int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
-    MDL_CHECK(hp >= s->kh && wp >= s->kw,
-              "%s: kernel size can't be greater than actual input size: kernel (kh, kw) = "
-              "(%lld, %lld), padded input (h + 2*pad_h, w + 2*pad_w) = (%lld, %lld)",
-              fn, (long long)s->kh, (long long)s->kw, (long long)hp, (long long)wp);
-    int64_t oh = (hp - s->kh) / s->stride_h + 1, ow = (wp - s->kw) / s->stride_w + 1;
-    double x_count = (double)s->n * s->c_in * s->h * s->w;
-    double y_count = (double)s->n * s->c_out * oh * ow;
-    double col_count = (double)s->c_in * s->kh * s->kw * oh * ow;
-    double w_count = (double)s->c_out * s->c_in * s->kh * s->kw;
-    MDL_CHECK(x_count <= COUNT_LIMIT && y_count <= COUNT_LIMIT && col_count <= COUNT_LIMIT &&
-                  w_count <= COUNT_LIMIT,
-              "%s: shape too large: x has %.0f elements, y %.0f, w %.0f, the column matrix %.0f "
-              "(limit 2^60)", fn, x_count, y_count, w_count, col_count);
-    *ho = oh;
-    *wo = ow;
-    return MDL_OK;
-}
-
-/* check_shape, then the limits of the CUDA kernels: every GEMM dimension and
- * every padded extent below 2^30, so that 32-bit index arithmetic is exact. */
+/* mdl_conv2d_check_shape (src_c/checks.h), then the limits of the CUDA kernels:
+ * every GEMM dimension and every padded extent below 2^30, so that 32-bit index arithmetic is exact. */
 mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 {
     int64_t ho, wo;
-    mdl_status st = check_shape(fn, s, &ho, &wo);
+    mdl_status st = mdl_conv2d_check_shape(fn, s, &ho, &wo);
     if (st != MDL_OK) return st;
     const int64_t L = MDL_GEMM_LIMIT, K = s->c_in * s->kh * s->kw, P = ho * wo;
     const int64_t Kt = s->c_out * s->kh * s->kw; /* backward_data's k */
@@ -218,7 +178,7 @@ mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out
 {
     MDL_CHECK_PTR(h_out);
     MDL_CHECK_PTR(w_out);
-    return check_shape(__func__, s, h_out, w_out);
+    return mdl_conv2d_check_shape(__func__, s, h_out, w_out);
 }
 
 size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s)

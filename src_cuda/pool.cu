@@ -7,6 +7,7 @@
  * max pooling's gradient is bit for bit the scalar reference's). */
 #include <math.h>
 #include "common.cuh"
+#include "../src_c/checks.h"
 
 namespace {
 
@@ -173,48 +174,12 @@ __global__ void global_avg_bwd(int64_t planes, int64_t hw, const float *dy, floa
 
 /* ---- shapes and checks (src_c/pool.c) ------------------------------------------- */
 
-static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
-{
-    return a >= 0 ? a / b : -((-a + b - 1) / b);
-}
-
-static int64_t out_size(int64_t size, int64_t k, int64_t stride, int64_t pad, int ceil_mode)
-{
-    int64_t out = floor_div(size + 2 * pad - k + (ceil_mode ? stride - 1 : 0), stride) + 1;
-    if (ceil_mode && (out - 1) * stride >= size + pad) out--;
-    return out;
-}
-
-#define LIMIT ((int64_t)1 << 31)
-#define CHECK_DIM(f, lo)                                                                      \
-    MDL_CHECK(s->f >= (lo) && s->f < LIMIT, "%s: " #f " must be in [%d, 2^31), got %lld", fn, \
-              (int)(lo), (long long)s->f)
-#define CHECK_PAD(p, k)                                                                      \
-    MDL_CHECK(s->p >= 0 && s->p <= s->k / 2,                                                 \
-              "%s: " #p " must be in [0, " #k " / 2] = [0, %lld] (padding should be at most " \
-              "half the kernel size), got %lld", fn, (long long)(s->k / 2), (long long)s->p)
-
+/* mdl_pool2d_check_shape (src_c/checks.h), then the limits of the kernels */
 static mdl_status geometry(const char *fn, const mdl_pool2d_shape *s, pool_geom *g)
 {
-    MDL_CHECK(s != NULL, "%s: s must not be NULL", fn);
-    CHECK_DIM(n, 1);
-    CHECK_DIM(c, 1);
-    CHECK_DIM(h, 1);
-    CHECK_DIM(w, 1);
-    CHECK_DIM(kh, 1);
-    CHECK_DIM(kw, 1);
-    CHECK_DIM(stride_h, 1);
-    CHECK_DIM(stride_w, 1);
-    CHECK_PAD(pad_h, kh);
-    CHECK_PAD(pad_w, kw);
-    int64_t ho = out_size(s->h, s->kh, s->stride_h, s->pad_h, s->ceil_mode);
-    int64_t wo = out_size(s->w, s->kw, s->stride_w, s->pad_w, s->ceil_mode);
-    MDL_CHECK(ho >= 1, "%s: output too small: h_out = %lld for h = %lld, kh = %lld, stride_h = %lld, "
-              "pad_h = %lld", fn, (long long)ho, (long long)s->h, (long long)s->kh,
-              (long long)s->stride_h, (long long)s->pad_h);
-    MDL_CHECK(wo >= 1, "%s: output too small: w_out = %lld for w = %lld, kw = %lld, stride_w = %lld, "
-              "pad_w = %lld", fn, (long long)wo, (long long)s->w, (long long)s->kw,
-              (long long)s->stride_w, (long long)s->pad_w);
+    int64_t ho, wo;
+    mdl_status st = mdl_pool2d_check_shape(fn, s, &ho, &wo);
+    if (st != MDL_OK) return st;
     /* the kernels index a plane and its windows with 32-bit ints */
     if (s->h * s->w >= ((int64_t)1 << 30) || s->h + 2 * s->pad_h + s->kh + s->stride_h >= ((int64_t)1 << 30) ||
         s->w + 2 * s->pad_w + s->kw + s->stride_w >= ((int64_t)1 << 30) || ho * wo >= ((int64_t)1 << 30) ||
