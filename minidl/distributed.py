@@ -91,12 +91,12 @@ class Comm:
         values = self.allgather(value)
         for r, v in enumerate(values):
             if v != values[0]:
-                raise ValueError(f"ranks disagree on {what}: rank 0 has {values[0]!r}, "
+                first = values[0]
+                if isinstance(v, dict) and isinstance(first, dict):  # only what differs
+                    keys = [k for k in {**first, **v} if first.get(k) != v.get(k)]
+                    first, v = ({k: d.get(k) for k in keys} for d in (first, v))
+                raise ValueError(f"ranks disagree on {what}: rank 0 has {first!r}, "
                                  f"rank {r} has {v!r}")
-
-    def split(self, n: int) -> range:
-        """The rows [lo, hi) of an n-row global batch that this rank takes."""
-        return range(self.rank * n // self.size, (self.rank + 1) * n // self.size)
 
     def grad_scale(self, local: int, total: int) -> float:
         """The factor on a rank's mean-loss gradient that makes the sum over the ranks
