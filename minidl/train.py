@@ -134,8 +134,8 @@ def train(config: TrainConfig, log=print) -> Dict:
     run).  Writes checkpoint.safetensors and metrics.jsonl (and curves.png with plot).
 
     Started as several MPI ranks, each trains on its part of every global batch of
-    config.batch_size and gradients are averaged (minidl.distributed); rank 0 alone
-    logs and writes files."""
+    config.batch_size and the ranks' gradients are summed into that of the global
+    batch (minidl.distributed); rank 0 alone logs and writes files."""
     cfg = config.resolved()
     _check(cfg)
     comm = distributed.init()
