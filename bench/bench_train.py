@@ -1,6 +1,6 @@
 """Training and inference throughput: minidl against PyTorch (NCHW and channels_last), side by side.
 
-    python3 bench/bench_train.py [--models cifar10_quick:100,resnet20:128] [--threads 2]
+    python3 bench/bench_train.py [--models cifar10_quick:100,resnet20:128] [--threads 2] [--device cuda]
         [--steps 20] [--warmup 5] [--repeats 3] [--torch-python PATH] [--json bench/results/train-DATE.json]
 
 For each model (name:batch_size), `--repeats` rounds of three runs, interleaved
@@ -49,19 +49,24 @@ class RunFailed(Exception):
     pass
 
 
-def minidl_command(model: str, batch_size: int, steps: int, threads: int, prefix=None) -> list:
+def minidl_command(model: str, batch_size: int, steps: int, threads: int, prefix=None,
+                   device: str = "cpu") -> list:
     """The command line of one minidl run; `prefix` replaces ``python -m minidl bench``."""
     if prefix is None:
         prefix = [sys.executable, "-m", "minidl", "bench"]
     return list(prefix) + ["--model", model, "--batch-size", str(batch_size), "--steps", str(steps),
-                           "--threads", str(threads), "--json"]
+                           "--threads", str(threads), "--json"] + _device(device)
 
 
 def torch_command(python: str, model: str, batch_size: int, steps: int, threads: int,
-                  warmup: int, channels_last: bool) -> list:
+                  warmup: int, channels_last: bool, device: str = "cpu") -> list:
     cmd = [python, TORCH_NETS, "--model", model, "--batch-size", str(batch_size),
            "--steps", str(steps), "--threads", str(threads), "--warmup", str(warmup), "--json"]
-    return cmd + (["--channels-last"] if channels_last else [])
+    return cmd + (["--channels-last"] if channels_last else []) + _device(device)
+
+
+def _device(device: str) -> list:
+    return [] if device == "cpu" else ["--device", device]
 
 
 def parse_models(spec: str) -> list:
@@ -89,6 +94,8 @@ def parse_args(argv=None):
     p.add_argument("--models", type=parse_models, default="cifar10_quick:100,resnet20:128",
                    help="comma-separated NAME:BATCH_SIZE (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: minidl's CUDA kernels "
+                   "against PyTorch with cuDNN (fp32, TF32 off)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per phase and run")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing (torch runs)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of minidl, torch NCHW, torch NHWC")
@@ -215,8 +222,9 @@ def main(argv=None) -> int:
         "python": platform.python_version(),
         "torch_python": "TORCH_PYTHON",
         "torch_version": None,
+        "device": args.device,
         "minidl_command": portable(shlex.join(minidl_command("MODEL", "BATCH", args.steps,
-                                                             args.threads, prefix)),
+                                                             args.threads, prefix, args.device)),
                                    args.torch_python),
         "loadavg_start": load_average(),
     }
@@ -230,10 +238,12 @@ def main(argv=None) -> int:
             for rnd in range(args.repeats):
                 for variant in VARIANTS:
                     if variant == "minidl":
-                        cmd = minidl_command(name, batch, args.steps, args.threads, prefix)
+                        cmd = minidl_command(name, batch, args.steps, args.threads, prefix,
+                                             args.device)
                     else:
                         cmd = torch_command(args.torch_python, name, batch, args.steps, args.threads,
-                                            args.warmup, variant == "torch_channels_last")
+                                            args.warmup, variant == "torch_channels_last",
+                                            args.device)
                     if not first:
                         time.sleep(args.pause)
                     first = False

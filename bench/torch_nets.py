@@ -154,36 +154,45 @@ def peak_rss_mb() -> float:
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
 
 
-def _time_steps(step, warmup: int, steps: int):
+def _time_steps(step, warmup: int, steps: int, sync=lambda: None):
     for _ in range(warmup):
         step()
+    sync()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
 
 def torch_bench(model: str, batch_size: int, steps: int, threads: int,
                 channels_last: bool = False, warmup: int = 5, seed: int = 0,
-                lr: float = 0.01) -> dict:
+                lr: float = 0.01, device: str = "cpu") -> dict:
     """Time training steps, then inference, of `model` on random data.
 
     A training step is zero_grad, forward, cross-entropy, backward and an SGD
     step (momentum 0.9, no weight decay); inference is a forward pass in eval
     mode under no_grad.  Each phase runs `warmup` untimed steps, then `steps`
-    timed ones; images/s = batch_size / median step time.
+    timed ones; images/s = batch_size / median step time.  On a GPU (device
+    "cuda"): cuDNN in fp32 with TF32 off, each step timed to its synchronisation.
     """
     if batch_size < 1 or steps < 1 or threads < 1 or warmup < 0:
         raise ValueError("batch_size, steps and threads must be >= 1, warmup >= 0")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
+    sync = lambda: None  # noqa: E731
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+        sync = torch.cuda.synchronize
     net = build(model)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    net = net.to(memory_format=fmt)
-    x = torch.randn(batch_size, *INPUT_SHAPE).to(memory_format=fmt)
-    y = torch.randint(0, NUM_CLASSES, (batch_size,))
+    net = net.to(device=device, memory_format=fmt)
+    x = torch.randn(batch_size, *INPUT_SHAPE).to(device=device, memory_format=fmt)
+    y = torch.randint(0, NUM_CLASSES, (batch_size,)).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
 
     def train_step():
@@ -193,17 +202,18 @@ def torch_bench(model: str, batch_size: int, steps: int, threads: int,
         opt.step()
 
     net.train()
-    train_times = _time_steps(train_step, warmup, steps)
+    train_times = _time_steps(train_step, warmup, steps, sync)
 
     net.eval()
     with torch.no_grad():
-        infer_times = _time_steps(lambda: net(x), warmup, steps)
+        infer_times = _time_steps(lambda: net(x), warmup, steps, sync)
 
     train_med, infer_med = statistics.median(train_times), statistics.median(infer_times)
     return {
         "model": model,
         "framework": "torch",
         "layout": "channels_last" if channels_last else "nchw",
+        "device": device if device == "cpu" else torch.cuda.get_device_name(),
         "batch_size": batch_size,
         "steps": steps,
         "warmup": warmup,
@@ -228,10 +238,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     r = torch_bench(args.model, args.batch_size, args.steps, args.threads,
-                    channels_last=args.channels_last, warmup=args.warmup)
+                    channels_last=args.channels_last, warmup=args.warmup, device=args.device)
     if args.json:
         print(json.dumps(r))
     else:

@@ -67,6 +67,7 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
         ex.train_step(x, y, grad_scale=1 / comm.size)
         reducer.finish()
         opt.step()
+        dev.synchronize()  # a step is over when the device is done with it
 
     for _ in range(warmup):
         train_step()
