@@ -38,8 +38,8 @@ CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS := -O3 -std=c++17 --compiler-options -fPIC,-fvisibility=hidden -Werror all-warnings \
              -Iinclude $(CUDA_ARCH)
 CU_SRCS := $(wildcard src_cuda/*.cu)
-# src_c/checks.h: the argument checks both sides share (included as ../src_c/checks.h)
-CU_HDRS := $(wildcard src_cuda/*.cuh) src_c/checks.h include/minidl.h include/minidl_cuda.h
+# src_c/checks.h, optim_hp.h: what both sides share (included as ../src_c/X.h)
+CU_HDRS := $(wildcard src_cuda/*.cuh) src_c/checks.h src_c/optim_hp.h include/minidl.h include/minidl_cuda.h
 CU_OBJS := $(patsubst src_cuda/%.cu,$(BUILD)/cuda/%.o,$(CU_SRCS))
 
 .PHONY: all deps ext lib cuda install train test test-c test-py sanitize bench clean

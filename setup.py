@@ -40,8 +40,8 @@ if SANITIZE:
 LINK_FLAGS = ["-fopenmp"] + (["-fsanitize=address,undefined"] if SANITIZE else [])
 
 CUDA_SOURCES = sorted(glob.glob("src_cuda/*.cu"))
-# src_c/checks.h: the argument checks the CUDA files share with src_c (as ../src_c/checks.h)
-CUDA_HEADERS = sorted(glob.glob("src_cuda/*.cuh")) + ["src_c/checks.h", "include/minidl.h",
+# src_c/checks.h, optim_hp.h: what the CUDA files share with src_c (as ../src_c/X.h)
+CUDA_HEADERS = sorted(glob.glob("src_cuda/*.cuh")) + ["src_c/checks.h", "src_c/optim_hp.h", "include/minidl.h",
                                                      "include/minidl_cuda.h"]
 # sm_80 (A100) and sm_90 (H100) machine code, plus PTX the driver compiles for newer GPUs
 CUDA_ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",

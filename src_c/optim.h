@@ -3,21 +3,8 @@
 #ifndef MDL_OPTIM_H
 #define MDL_OPTIM_H
 #include <stdint.h>
+#include "optim_hp.h"
 
-typedef struct mdl_sgd_hp {
-    float lr, momentum, one_minus_dampening, weight_decay;
-    int nesterov, first_step;
-} mdl_sgd_hp;
-
-typedef struct mdl_adam_hp {
-    float beta1, beta2;
-    float one_minus_beta1, one_minus_beta2;
-    float step_size;      /* lr / (1 - beta1^step) */
-    float bc2_sqrt;       /* sqrt(1 - beta2^step) */
-    float eps;
-    float weight_decay;   /* Adam: added to the gradient as weight_decay * param; 0 for AdamW */
-    float decay;          /* AdamW: param *= decay (1 - lr * weight_decay); 1 for Adam */
-} mdl_adam_hp;
 
 void mdl_sgd_scalar(int64_t lo, int64_t hi, float *param, const float *grad, float *buf,
                     const mdl_sgd_hp *hp);
