@@ -100,3 +100,18 @@ cdef extern from "minidl.h" nogil:
     mdl_status mdl_adam_step(int64_t count, float *param, const float *grad, float *exp_avg,
                              float *exp_avg_sq, int64_t step, float lr, float beta1, float beta2,
                              float eps, float weight_decay, int decoupled)
+
+
+# The shape structs from the tuples the bindings take (shared by _C and _cuda).
+cdef inline mdl_conv2d_shape conv_shape(tuple s) except *:
+    cdef mdl_conv2d_shape cs
+    (cs.n, cs.c_in, cs.h, cs.w, cs.c_out, cs.kh, cs.kw,
+     cs.stride_h, cs.stride_w, cs.pad_h, cs.pad_w) = s
+    return cs
+
+
+cdef inline mdl_pool2d_shape pool_shape(tuple s) except *:
+    cdef mdl_pool2d_shape ps
+    (ps.n, ps.c, ps.h, ps.w, ps.kh, ps.kw, ps.stride_h, ps.stride_w,
+     ps.pad_h, ps.pad_w, ps.ceil_mode) = s
+    return ps

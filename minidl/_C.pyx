@@ -92,13 +92,6 @@ def sgemm_workspace_size(int64_t m, int64_t n, int64_t k):
 
 # ---- conv ---------------------------------------------------------------------
 
-cdef mdl_conv2d_shape conv_shape(tuple s) except *:
-    cdef mdl_conv2d_shape cs
-    (cs.n, cs.c_in, cs.h, cs.w, cs.c_out, cs.kh, cs.kw,
-     cs.stride_h, cs.stride_w, cs.pad_h, cs.pad_w) = s
-    return cs
-
-
 def conv2d_output_size(tuple shape):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
     cdef int64_t ho = 0, wo = 0
@@ -148,13 +141,6 @@ def conv2d_backward_bias(tuple shape, const float[::1] dy, float[::1] db, bint a
 
 
 # ---- pooling ------------------------------------------------------------------
-
-cdef mdl_pool2d_shape pool_shape(tuple s) except *:
-    cdef mdl_pool2d_shape ps
-    (ps.n, ps.c, ps.h, ps.w, ps.kh, ps.kw, ps.stride_h, ps.stride_w,
-     ps.pad_h, ps.pad_w, ps.ceil_mode) = s
-    return ps
-
 
 def pool2d_output_size(tuple shape):
     cdef mdl_pool2d_shape ps = pool_shape(shape)

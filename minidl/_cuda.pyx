@@ -22,7 +22,7 @@ Validation of shapes against buffers is the caller's job (minidl/device/).
 """
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from minidl._C cimport (MDL_OK, MDL_ERR_ARG, MDL_ERR_WORKSPACE, MDL_ERR_ALLOC,
-                        MDL_ERR_UNSUPPORTED, MDL_ERR_DEVICE)
+                        MDL_ERR_UNSUPPORTED, MDL_ERR_DEVICE, conv_shape, pool_shape)
 
 from minidl._C import MinidlError
 
@@ -87,13 +87,6 @@ def sgemm_workspace_size(int64_t m, int64_t n, int64_t k):
 
 # ---- conv ---------------------------------------------------------------------
 
-cdef mdl_conv2d_shape conv_shape(tuple s) except *:
-    cdef mdl_conv2d_shape cs
-    (cs.n, cs.c_in, cs.h, cs.w, cs.c_out, cs.kh, cs.kw,
-     cs.stride_h, cs.stride_w, cs.pad_h, cs.pad_w) = s
-    return cs
-
-
 def conv2d_output_size(tuple shape):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
     cdef int64_t ho = 0, wo = 0
@@ -147,13 +140,6 @@ def conv2d_backward_bias(tuple shape, uintptr_t dy, uintptr_t db, bint accumulat
 
 
 # ---- pooling ------------------------------------------------------------------
-
-cdef mdl_pool2d_shape pool_shape(tuple s) except *:
-    cdef mdl_pool2d_shape ps
-    (ps.n, ps.c, ps.h, ps.w, ps.kh, ps.kw, ps.stride_h, ps.stride_w,
-     ps.pad_h, ps.pad_w, ps.ceil_mode) = s
-    return ps
-
 
 def pool2d_output_size(tuple shape):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
