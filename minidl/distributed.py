@@ -36,6 +36,7 @@ from minidl.device import copy_into, zeros_like
 
 # variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm) set in every rank
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+ABORT_GRACE_S = 1.0  # seconds between printing a rank's error and aborting the job
 
 
 def launched_by_mpi() -> bool:
@@ -149,7 +150,11 @@ class MPIComm(Comm):
         self.world.Barrier()
 
     def abort(self, code=1):
+        sys.stdout.flush()
         sys.stderr.flush()
+        # MPI_Abort kills every process at once; a moment first lets the launcher
+        # forward what the ranks have just printed (their error messages).
+        time.sleep(ABORT_GRACE_S)
         self.world.Abort(code)
 
 
