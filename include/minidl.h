@@ -132,12 +132,23 @@ typedef struct mdl_conv2d_shape {
 /* Output y: (n, c_out, h_out, w_out), h_out = (h + 2 pad_h - kh) / stride_h + 1. */
 MDL_API mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s,
                                           int64_t *h_out, int64_t *w_out);
-/* Scratch bytes needed by forward, backward_data and backward_weights. */
+/* Scratch bytes needed by forward, backward_data and backward_weights with the
+ * current thread count (mdl_set_num_threads).  A smaller workspace, down to the
+ * size for one thread, also works: the calls then use as many threads as fit. */
 MDL_API size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s);
 /* y = conv(x, w) + bias; bias (c_out) may be NULL. */
 MDL_API mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x,
                                       const float *w, const float *bias, float *y,
                                       void *workspace, size_t workspace_bytes);
+/* The forward with an epilogue applied while each output tile is still in
+ * registers: y = conv(x, w) + bias, then y = max(y, 0) when relu is non-zero, then
+ * channel_sum[co] and channel_sumsq[co] (float64, overwritten; either may be NULL)
+ * = the sum and the sum of squares of the final y over n, h_out and w_out (the
+ * statistics of a BatchNorm that follows, without another pass over y). */
+MDL_API mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
+                                         const float *w, const float *bias, int relu,
+                                         double *channel_sum, double *channel_sumsq, float *y,
+                                         void *workspace, size_t workspace_bytes);
 /* dx = conv_transpose(dy, w), overwritten. */
 MDL_API mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                             const float *w, float *dx,

@@ -122,6 +122,13 @@ MDL_API mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const floa
                                            const float *w, const float *bias, float *y,
                                            void *workspace, size_t workspace_bytes,
                                            mdl_cuda_stream stream);
+/* The forward with bias, ReLU and float64 channel sums (see mdl_conv2d_forward_ex);
+ * channel_sum and channel_sumsq are device pointers or NULL. */
+MDL_API mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
+                                              const float *w, const float *bias, int relu,
+                                              double *channel_sum, double *channel_sumsq,
+                                              float *y, void *workspace, size_t workspace_bytes,
+                                              mdl_cuda_stream stream);
 /* dx = conv_transpose(dy, w), overwritten. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                                  const float *w, float *dx,

@@ -37,6 +37,10 @@ cdef extern from "minidl.h" nogil:
     size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
     mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                                   const float *bias, float *y, void *workspace, size_t workspace_bytes)
+    mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                     const float *bias, int relu, double *channel_sum,
+                                     double *channel_sumsq, float *y, void *workspace,
+                                     size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
                                         float *dx, void *workspace, size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,

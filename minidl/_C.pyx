@@ -113,6 +113,19 @@ def conv2d_forward(tuple shape, const float[::1] x, const float[::1] w, const fl
     check(st)
 
 
+def conv2d_forward_ex(tuple shape, const float[::1] x, const float[::1] w, const float[::1] bias,
+                      bint relu, double[::1] channel_sum, double[::1] channel_sumsq,
+                      float[::1] y, float[::1] ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_status st
+    cdef double *sums = &channel_sum[0] if channel_sum is not None else NULL
+    cdef double *sumsq = &channel_sumsq[0] if channel_sumsq is not None else NULL
+    with nogil:
+        st = mdl_conv2d_forward_ex(&cs, cptr(x), cptr(w), cptr(bias), relu, sums, sumsq, mptr(y),
+                                   wptr(ws), wbytes(ws))
+    check(st)
+
+
 def conv2d_backward_data(tuple shape, const float[::1] dy, const float[::1] w, float[::1] dx,
                          float[::1] ws=None):
     cdef mdl_conv2d_shape cs = conv_shape(shape)

@@ -22,6 +22,11 @@ cdef extern from "minidl_cuda.h" nogil:
     mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                                        const float *bias, float *y, void *workspace,
                                        size_t workspace_bytes, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
+                                          const float *w, const float *bias, int relu,
+                                          double *channel_sum, double *channel_sumsq, float *y,
+                                          void *workspace, size_t workspace_bytes,
+                                          mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                              const float *w, float *dx, void *workspace,
                                              size_t workspace_bytes, mdl_cuda_stream stream)

@@ -109,6 +109,18 @@ def conv2d_forward(tuple shape, uintptr_t x, uintptr_t w, uintptr_t bias, uintpt
     check(st)
 
 
+def conv2d_forward_ex(tuple shape, uintptr_t x, uintptr_t w, uintptr_t bias, bint relu,
+                      uintptr_t channel_sum, uintptr_t channel_sumsq, uintptr_t y, uintptr_t ws=0,
+                      size_t ws_bytes=0, uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_forward_ex(&cs, cptr(x), cptr(w), cptr(bias), relu,
+                                        <double *>channel_sum, <double *>channel_sumsq, mptr(y),
+                                        <void *>ws, ws_bytes, sptr(stream))
+    check(st)
+
+
 def conv2d_backward_data(tuple shape, uintptr_t dy, uintptr_t w, uintptr_t dx, uintptr_t ws=0,
                          size_t ws_bytes=0, uintptr_t stream=0):
     cdef mdl_conv2d_shape cs = conv_shape(shape)

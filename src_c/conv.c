@@ -4,24 +4,34 @@
  * Two versions, chosen at run time:
  *  - the scalar reference: direct loops over the definition, the test
  *    oracle and the portable fallback;
- *  - the fast path (AVX2 selected): for a chunk of B images at a time, im2col
- *    into one column matrix (K, B * P) in the workspace and one SGEMM with
- *    N = B * P, so that small images and few channels still make a GEMM large
- *    enough to run near the kernel's speed; outputs and output gradients pass
- *    through a (c_out, B * P) buffer.  B is chosen so the chunk's buffers stay
- *    near CHUNK_FLOATS.  A 1x1 kernel with stride 1 and no padding skips
- *    im2col and runs per image: x itself is the column matrix.
+ *  - the fast path (AVX2 selected), one image at a time: the threads take whole
+ *    images, and each image is one GEMM against weights packed once per call
+ *    (an implicit GEMM: the image's column matrix (K, P) is built in a
+ *    per-thread buffer that stays in L2, or skipped for a 1x1 kernel with stride
+ *    1 and no padding).  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
+ *    channel sums applied by the GEMM's epilogue while each tile is in
+ *    registers.  Backward-data with stride 1 is the forward convolution of dy
+ *    with the flipped, transposed weights; with a stride (or very few input
+ *    channels) it is col = W^T @ dy for a chunk of B images side by side (N = B
+ *    * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then col2im.
+ *    Backward-weights: each thread adds dy[b] @ col(x[b])^T over its images into
+ *    its own partial dw; the partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
 #include <string.h>
+#ifdef _OPENMP
+#  include <omp.h>
+#endif
 #include "common.h"
 #include "conv.h"
 #include "checks.h"
+#include "gemm.h"
 
 /* ---- shape checks and workspace layout -------------------------------------------- */
 
 /* the shape check: mdl_conv2d_check_shape in checks.h */
 #define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
+#define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
 
 typedef struct conv_geom {
     int64_t ho, wo;      /* output size */
@@ -30,11 +40,34 @@ typedef struct conv_geom {
     int64_t B;           /* images per chunk (1 when pointwise) */
     size_t col_floats;   /* column matrix of a chunk, rounded up to 64 bytes */
     size_t out_floats;   /* (c_out, B * P) buffer of a chunk, rounded up to 64 bytes */
-    size_t gemm_bytes;   /* the largest SGEMM workspace of the three ops */
-    size_t need;         /* the whole workspace, with MDL_WS_SLACK */
+    size_t gemm_bytes;   /* the SGEMM workspace of the chunked backward-data */
+    size_t chunk;        /* bytes of the chunked backward-data (buffers + SGEMM workspace) */
+    int direct_data;     /* backward-data runs as a forward convolution of dy (stride 1) */
+    size_t fixed;        /* bytes of the per-image path shared by the threads */
+    size_t per_thread;   /* bytes of the per-image path for each thread */
+    size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+/* floats rounded up to a multiple of 16 (64 bytes) */
+#define FLOATS(n) (((size_t)(n) + 15) & ~(size_t)15)
+
+/* With stride 1 and pad <= k - 1, the data gradient is a forward convolution:
+ * dx = conv(dy, w') with w'[ci, co, i, j] = w[co, ci, kh-1-i, kw-1-j] and padding
+ * k - 1 - pad, whose output is exactly (h, w).  *t gets that shape; 0 when the
+ * stride or padding do not allow it, or when c_in, the rows of that product, is
+ * too small to fill the micro-kernel (a network's first layer). */
+static int transposed_shape(const mdl_conv2d_shape *s, const conv_geom *g, mdl_conv2d_shape *t)
+{
+    if (s->stride_h != 1 || s->stride_w != 1 || s->pad_h > s->kh - 1 || s->pad_w > s->kw - 1 ||
+        s->c_in < DIRECT_DATA_MIN_C_IN)
+        return 0;
+    *t = (mdl_conv2d_shape){.n = s->n, .c_in = s->c_out, .h = g->ho, .w = g->wo,
+                            .c_out = s->c_in, .kh = s->kh, .kw = s->kw, .stride_h = 1,
+                            .stride_w = 1, .pad_h = s->kh - 1 - s->pad_h,
+                            .pad_w = s->kw - 1 - s->pad_w};
+    return 1;
+}
 
 static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 {
@@ -44,32 +77,61 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     g->P = g->ho * g->wo;
     g->pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
                    s->pad_h == 0 && s->pad_w == 0;
+    mdl_conv2d_shape t;
+    g->direct_data = transposed_shape(s, g, &t);
+    /* the chunked backward-data (strided or few input channels) */
     int64_t per_image = (g->K + s->c_out) * g->P, B = CHUNK_FLOATS / (per_image > 0 ? per_image : 1);
     g->B = g->pointwise ? 1 : B < 1 ? 1 : B > s->n ? (s->n > 0 ? s->n : 1) : B;
     const int64_t N = g->B * g->P;
-    g->col_floats = g->pointwise ? 0 : ((size_t)(g->K * N) + 15) & ~(size_t)15;
-    g->out_floats = g->pointwise ? 0 : ((size_t)(s->c_out * N) + 15) & ~(size_t)15;
+    const int chunked = !g->direct_data && !g->pointwise;
+    g->col_floats = chunked ? FLOATS(g->K * N) : 0;
+    g->out_floats = chunked ? FLOATS(s->c_out * N) : 0;
     g->gemm_bytes = 0;
-    /* the SGEMMs of a whole chunk and of the last, shorter one (the size is not monotonic) */
-    for (int64_t nb = g->B, pass = 0; pass < 2; pass++, nb = s->n % g->B ? s->n % g->B : g->B) {
-        size_t fwd = mdl_sgemm_workspace_size(s->c_out, nb * g->P, g->K);   /* y = W @ col */
-        size_t bwd_data = mdl_sgemm_workspace_size(g->K, nb * g->P, s->c_out); /* col = W^T @ dy */
-        size_t bwd_w = mdl_sgemm_workspace_size(s->c_out, g->K, nb * g->P);  /* dw = dy @ col^T */
-        g->gemm_bytes = max_size(g->gemm_bytes, max_size(fwd, max_size(bwd_data, bwd_w)));
-    }
-    g->need = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes + MDL_WS_SLACK;
+    /* the SGEMMs (col = W^T @ dy) of a whole chunk and of the last, shorter one (the
+     * size is not monotonic) */
+    for (int64_t nb = g->B, pass = 0; pass < 2 && !g->direct_data;
+         pass++, nb = s->n % g->B ? s->n % g->B : g->B)
+        g->gemm_bytes = max_size(g->gemm_bytes, mdl_sgemm_workspace_size(g->K, nb * g->P, s->c_out));
+    g->chunk = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes;
+    /* per image: packed weights and per-image channel sums (shared), a column
+     * matrix and a packed B panel per thread; backward-data also the flipped weights */
+    const int64_t Kt = s->c_out * s->kh * s->kw, Pt = s->h * s->w;
+    size_t fixed_f = FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->K)) +
+                     FLOATS(2 * (size_t)(s->n * s->c_out) * 2);
+    size_t fixed_d = g->direct_data ? FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt)) +
+                                      FLOATS((size_t)(s->c_in * Kt)) : 0;
+    size_t per_f = FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+                   FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K));
+    size_t per_d = g->direct_data ? FLOATS(g->pointwise ? 0 : (size_t)(Kt * Pt)) +
+                                    FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) : 0;
+    /* backward-weights: a column matrix, the image's packed dy, a packed B panel
+     * and a partial dw per thread */
+    size_t per_w = FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+                   FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
+                   FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + FLOATS((size_t)(s->c_out * g->K));
+    g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
+    g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
+    g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
     return MDL_OK;
+}
+
+/* Bytes for `threads` threads on the per-image path (at least the one-thread need). */
+static size_t need_for(const conv_geom *g, int threads)
+{
+    return max_size(g->need, g->fixed + (size_t)threads * g->per_thread + MDL_WS_SLACK);
 }
 
 /* The fast path takes its scratch memory from the workspace (or allocates it);
  * the scalar path needs none but rejects a too-small workspace all the same,
  * so a call fails or succeeds alike on every CPU. */
 static mdl_status take_workspace(const char *fn, const conv_geom *g, int fast, void *ws,
-                                 size_t ws_bytes, void **owned, float **out)
+                                 size_t ws_bytes, void **owned, float **out, size_t *avail)
 {
     *owned = NULL;
     *out = NULL;
-    if (fast) return mdl_workspace(fn, ws, ws_bytes, g->need, owned, out);
+    *avail = ws ? ws_bytes : need_for(g, mdl_num_threads());
+    *avail = *avail > MDL_WS_SLACK ? *avail - MDL_WS_SLACK : 0; /* what alignment can cost */
+    if (fast) return mdl_workspace(fn, ws, ws_bytes, ws ? g->need : *avail + MDL_WS_SLACK, owned, out);
     if (ws != NULL && ws_bytes < g->need)
         return mdl_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
                          ws_bytes, g->need);
@@ -89,7 +151,7 @@ size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 {
     conv_geom g;
     if (geometry(__func__, s, &g) != MDL_OK) return 0;
-    return g.need;
+    return need_for(&g, mdl_num_threads());
 }
 
 /* ---- scalar reference ----------------------------------------------------------- */
@@ -198,26 +260,6 @@ float mdl_conv_sum_scalar(const float *p, int64_t count)
 /* ---- fast path: im2col + SGEMM ---------------------------------------------------- */
 
 /* The fast path runs only when AVX2 is selected, so it exists only on x86. */
-/* col (K, nb * P) = the column matrices of images x[0, nb) side by side: the rows
- * (image, kernel row) are split among the threads */
-static void im2col(const mdl_conv2d_shape *s, const conv_geom *g, const float *x, int64_t nb,
-                   float *col)
-{
-#if MDL_X86
-    const int64_t rows = g->K, total = nb * rows, ld = nb * g->P, image = s->c_in * s->h * s->w;
-    int nt = mdl_threads_for((double)total * g->P);
-    if (nt > total) nt = (int)total;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        for (int64_t q = total * t / nt, end = total * (t + 1) / nt; q < end;) {
-            int64_t b = q / rows, r0 = q % rows, r1 = rows < r0 + end - q ? rows : r0 + end - q;
-            mdl_conv_im2col_avx2(s, g->ho, g->wo, x + b * image, col + b * g->P, ld, r0, r1);
-            q += r1 - r0;
-        }
-    }
-#endif
-}
-
 /* dx[0, nb) = col2im of the column matrix (K, nb * P): the (image, input channel)
  * planes are split among the threads */
 static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, int64_t nb,
@@ -238,31 +280,158 @@ static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *c
 #endif
 }
 
-/* buf (c_out, nb * P) <-> t[0, nb) (nb, c_out, P); to_buf copies t into buf, else
- * buf into t, adding bias[co] (when not NULL) */
-static void chunk_copy(const conv_geom *g, int64_t c_out, int64_t nb, float *buf, float *t,
-                       const float *bias, int to_buf)
+/* buf (c_out, nb * P) = t[0, nb) (nb, c_out, P) */
+static void chunk_gather(const conv_geom *g, int64_t c_out, int64_t nb, const float *t, float *buf)
 {
     const int64_t P = g->P, rows = nb * c_out;
     int nt = mdl_threads_for((double)rows * P);
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < rows; q++) {
-        int64_t b = q / c_out, co = q % c_out;
-        float *bp = buf + co * nb * P + b * P, *tp = t + q * P;
-        if (to_buf) {
-            memcpy(bp, tp, (size_t)P * sizeof(float));
-        } else {
-            const float add = bias ? bias[co] : 0.0f;
-            for (int64_t p = 0; p < P; p++) tp[p] = bp[p] + add;
+    for (int64_t q = 0; q < rows; q++)
+        memcpy(buf + (q % c_out) * nb * P + q / c_out * P, t + q * P, (size_t)P * sizeof(float));
+}
+
+/* ---- fast path: one image at a time (implicit GEMM) ------------------------------ */
+
+/* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
+ * the packed weights.  The threads take whole images, each with its own column
+ * matrix (K, P) (none for a pointwise kernel: x[b] is its own column matrix) and
+ * packed B panel, so nothing is shared while they run and the result does not
+ * depend on the thread count.  Per-image channel sums go to sums (n, 2, c_out)
+ * and are added up over the images in order by the caller. */
+static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                      const float *pa, const float *bias, int relu, double *sums, float *y,
+                      float *ws, size_t avail, int nt)
+{
+#if MDL_X86
+    const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
+    const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
+    if (nt > s->n) nt = (int)s->n;
+    if ((size_t)nt > fit) nt = (int)fit;
+    if (nt < 1) nt = 1;
+    float *thread_ws = ws + g->fixed / sizeof(float);
+    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
+        for (int64_t b = s->n * t / nt; b < s->n * (t + 1) / nt; b++) {
+            const float *xb = x + b * image, *src = xb;
+            if (!g->pointwise) {
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
+                src = col;
+            }
+            mdl_epilogue ep = {bias, relu, NULL, NULL};
+            if (sums) {
+                ep.row_sum = sums + b * 2 * c_out;
+                ep.row_sumsq = ep.row_sum + c_out;
+                for (int64_t c = 0; c < 2 * c_out; c++) ep.row_sum[c] = 0.0;
+            }
+            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, 0.0f, y + b * c_out * P, P,
+                                  bias || relu || sums ? &ep : NULL, bbuf);
         }
+    }
+#else
+    (void)s, (void)g, (void)x, (void)pa, (void)bias, (void)relu, (void)sums, (void)y;
+    (void)ws, (void)avail, (void)nt;
+#endif
+}
+
+/* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T: each
+ * thread sums its share of the images into its own partial dw (dy[b] packed as
+ * the A operand, the column matrix read transposed as B), then the partials are
+ * added to dw in thread order. */
+static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                              const float *dy, float *dw, int accumulate, float *ws, size_t avail,
+                              int nt)
+{
+#if MDL_X86
+    const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
+    const size_t fit = avail / g->per_thread;
+    if (nt > s->n) nt = (int)s->n;
+    if ((size_t)nt > fit) nt = (int)fit;
+    if (nt < 1) nt = 1;
+    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
+    const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
+    const size_t pb_floats = FLOATS(mdl_sgemm_avx2_packed_b_floats(P));
+    const size_t stride = g->per_thread / sizeof(float);
+#pragma omp parallel num_threads(nt)
+    {
+        int t = 0, T = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        T = omp_get_num_threads();
+#endif
+        float *col = ws + t * stride, *pa = col + col_floats, *bbuf = pa + pa_floats;
+        float *part = bbuf + pb_floats;
+        const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
+        for (int64_t b = b0; b < b1; b++) {
+            const float *xb = x + b * image, *src = xb;
+            if (!g->pointwise) {
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
+                src = col;
+            }
+            mdl_sgemm_avx2_pack_a(0, c_out, P, 1.0f, dy + b * c_out * P, P, pa);
+            mdl_sgemm_avx2_packed(1, c_out, K, P, pa, src, P, b > b0 ? 1.0f : 0.0f, part, K,
+                                  NULL, bbuf);
+        }
+        if (b1 == b0) memset(part, 0, (size_t)(c_out * K) * sizeof(float));
+#pragma omp barrier
+        /* dw = (dw +) part_0 + part_1 + ..., each thread a share of the elements */
+        const int64_t total = c_out * K, lo = total * t / T, hi = total * (t + 1) / T;
+        for (int64_t e = lo; e < hi; e++) {
+            float acc = accumulate ? dw[e] : 0.0f;
+            for (int u = 0; u < T; u++) acc += ws[u * stride + col_floats + pa_floats + pb_floats + e];
+            dw[e] = acc;
+        }
+    }
+#else
+    (void)s, (void)g, (void)x, (void)dy, (void)dw, (void)accumulate, (void)ws, (void)avail;
+    (void)nt;
+#endif
+}
+
+/* channel_sum[c] and channel_sumsq[c] = the per-image sums (n, 2, c_out) added
+ * over the images in order (either output may be NULL) */
+static void add_image_sums(int64_t n, int64_t c_out, const double *sums, double *channel_sum,
+                           double *channel_sumsq)
+{
+    for (int64_t c = 0; c < c_out; c++) {
+        double a = 0.0, q = 0.0;
+        for (int64_t b = 0; b < n; b++) {
+            a += sums[b * 2 * c_out + c];
+            q += sums[b * 2 * c_out + c_out + c];
+        }
+        if (channel_sum) channel_sum[c] = a;
+        if (channel_sumsq) channel_sumsq[c] = q;
+    }
+}
+
+/* The scalar path's epilogue: max(y, 0) and the channel sums in float64. */
+static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, double *channel_sum,
+                            double *channel_sumsq, float *y)
+{
+    for (int64_t c = 0; c < s->c_out; c++) {
+        double a = 0.0, q = 0.0;
+        for (int64_t b = 0; b < s->n; b++) {
+            float *yp = y + (b * s->c_out + c) * P;
+            for (int64_t p = 0; p < P; p++) {
+                if (relu && !(yp[p] > 0.0f)) yp[p] = 0.0f;
+                a += yp[p];
+                q += (double)yp[p] * yp[p];
+            }
+        }
+        if (channel_sum) channel_sum[c] = a;
+        if (channel_sumsq) channel_sumsq[c] = q;
     }
 }
 
 /* ---- public entry points ------------------------------------------------------------ */
 
-/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out or NULL) */
-mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
-                              const float *bias, float *y, void *workspace, size_t workspace_bytes)
+/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
+ * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
+mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                 const float *bias, int relu, double *channel_sum,
+                                 double *channel_sumsq, float *y, void *workspace,
+                                 size_t workspace_bytes)
 {
     conv_geom g;
     mdl_status st = geometry(__func__, s, &g);
@@ -273,32 +442,31 @@ mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const f
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    size_t avail;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
         forward_scalar(s, g.ho, g.wo, x, w, bias, y);
+        if (relu || channel_sum || channel_sumsq)
+            epilogue_scalar(s, g.P, relu, channel_sum, channel_sumsq, y);
         return MDL_OK;
     }
-    const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
-    float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
-    for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
-        const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
-        float *yb = y + b * c_out * P;
-        if (g.pointwise) { /* x itself is the column matrix; start rows at the bias */
-            if (bias)
-                for (int64_t co = 0; co < c_out; co++)
-                    for (int64_t p = 0; p < P; p++) yb[co * P + p] = bias[co];
-            st = mdl_sgemm(0, 0, c_out, P, K, 1.0f, w, K, x + b * image, P, bias ? 1.0f : 0.0f,
-                           yb, P, gemm_ws, g.gemm_bytes);
-            continue;
-        }
-        im2col(s, &g, x + b * image, nb, colbuf);
-        st = mdl_sgemm(0, 0, c_out, nb * P, K, 1.0f, w, K, colbuf, nb * P, 0.0f, outbuf, nb * P,
-                       gemm_ws, g.gemm_bytes);
-        if (st == MDL_OK) chunk_copy(&g, c_out, nb, outbuf, yb, bias, 0);
-    }
+    /* packed weights, then the per-image channel sums (n, 2, c_out) */
+    float *pa = ws;
+    double *sums = (double *)(pa + FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g.K)));
+    const int want_sums = channel_sum || channel_sumsq;
+    mdl_sgemm_avx2_pack_a(0, s->c_out, g.K, 1.0f, w, g.K, pa);
+    per_image(s, &g, x, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
+              mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
+    if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
-    return st;
+    return MDL_OK;
+}
+
+mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
+                              const float *bias, float *y, void *workspace, size_t workspace_bytes)
+{
+    return mdl_conv2d_forward_ex(s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
 }
 
 /* dx (n, c_in, h, w) = conv_transpose(dy (n, c_out, ho, wo), w), overwritten */
@@ -314,13 +482,32 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    size_t avail;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
         backward_data_scalar(s, g.ho, g.wo, dy, w, dx);
         return MDL_OK;
     }
     const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
+    mdl_conv2d_shape t;
+    if (transposed_shape(s, &g, &t)) { /* dx = conv(dy, flipped w), one image at a time */
+        conv_geom gt;
+        geometry(__func__, &t, &gt);
+        gt.fixed = g.fixed; /* the workspace layout is this op's, sized for both */
+        gt.per_thread = g.per_thread;
+        const int64_t kk = s->kh * s->kw, Kt = gt.K;
+        float *pa = ws, *wf = pa + FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt));
+        for (int64_t co = 0; co < c_out; co++)
+            for (int64_t ci = 0; ci < s->c_in; ci++)
+                for (int64_t q = 0; q < kk; q++)
+                    wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
+        mdl_sgemm_avx2_pack_a(0, s->c_in, Kt, 1.0f, wf, Kt, pa);
+        per_image(&t, &gt, dy, pa, NULL, 0, NULL, dx, ws, avail,
+                  mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
+        mdl_free(owned);
+        return MDL_OK;
+    }
     float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
     for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
         const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
@@ -330,7 +517,7 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
                            gemm_ws, g.gemm_bytes);
             continue;
         }
-        chunk_copy(&g, c_out, nb, outbuf, (float *)dyb, NULL, 1);
+        chunk_gather(&g, c_out, nb, dyb, outbuf);
         st = mdl_sgemm(1, 0, K, nb * P, c_out, 1.0f, w, K, outbuf, nb * P, 0.0f, colbuf, nb * P,
                        gemm_ws, g.gemm_bytes);
         if (st == MDL_OK) col2im(s, &g, colbuf, nb, dx + b * image);
@@ -353,29 +540,17 @@ mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws);
+    size_t avail;
+    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
         backward_weights_scalar(s, g.ho, g.wo, x, dy, dw, accumulate != 0);
         return MDL_OK;
     }
-    const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
-    float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
-    for (int64_t b = 0; b < s->n && st == MDL_OK; b += g.B) {
-        const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
-        const float beta = (b > 0 || accumulate) ? 1.0f : 0.0f;
-        if (g.pointwise) {
-            st = mdl_sgemm(0, 1, c_out, K, P, 1.0f, dy + b * c_out * P, P, x + b * image, P,
-                           beta, dw, K, gemm_ws, g.gemm_bytes);
-            continue;
-        }
-        im2col(s, &g, x + b * image, nb, colbuf);
-        chunk_copy(&g, c_out, nb, outbuf, (float *)(dy + b * c_out * P), NULL, 1);
-        st = mdl_sgemm(0, 1, c_out, K, nb * P, 1.0f, outbuf, nb * P, colbuf, nb * P, beta, dw, K,
-                       gemm_ws, g.gemm_bytes);
-    }
+    weights_per_image(s, &g, x, dy, dw, accumulate, ws, avail,
+                      mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     mdl_free(owned);
-    return st;
+    return MDL_OK;
 }
 
 /* db (c_out) = or += sum of dy (n, c_out, ho, wo) over n, ho, wo */

@@ -9,6 +9,17 @@ void mdl_sgemm_scalar(int trans_a, int trans_b, int64_t i0, int64_t i1, int64_t 
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc);
 
+/* What the GEMM kernels do to each final element of C, row by row, while the tile
+ * is still in registers: v = v + bias[row] (bias not NULL), v = max(v, 0) (relu),
+ * then row_sum[row] += v and row_sumsq[row] += v * v over the row's elements
+ * (row_sum not NULL; the sums of a 16-column tile are added in float, then to
+ * the double).  Rows index C's rows. */
+typedef struct mdl_epilogue {
+    const float *bias;
+    int relu;
+    double *row_sum, *row_sumsq;
+} mdl_epilogue;
+
 #if MDL_X86
 /* Packing buffers of the blocked AVX2 kernel, in floats (independent of the thread count). */
 size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k);
@@ -17,6 +28,20 @@ size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k);
 void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc, float *ws);
+/* Single-threaded products with A packed once and reused (convolution):
+ * mdl_sgemm_avx2_pack_a writes alpha * op(A) (m x k) into pa, which holds
+ * mdl_sgemm_avx2_packed_a_floats(m, k) floats (64-byte aligned);
+ * mdl_sgemm_avx2_packed then computes C (m x n) = pa @ op(B) + beta * C for op(B)
+ * (k x n, row-major, ldb; transposed when trans_b) and applies ep (or NULL) to the
+ * final values; bbuf holds
+ * mdl_sgemm_avx2_packed_b_floats(k) floats, 64-byte aligned. */
+size_t mdl_sgemm_avx2_packed_a_floats(int64_t m, int64_t k);
+size_t mdl_sgemm_avx2_packed_b_floats(int64_t k);
+void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const float *a,
+                           int64_t lda, float *pa);
+void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
+                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                           const mdl_epilogue *ep, float *bbuf);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_sgemm_avx2_workspace_floats(m, n, k) ((void)(m), (void)(n), (void)(k), (size_t)0)
 #  define mdl_sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws) \

@@ -173,30 +173,67 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 /* ---- micro-kernel ------------------------------------------------------------- */
 
 /* C tile (rows x cols, rows == ROWS <= MR, cols <= NR) = packed A micro-panel
- * @ packed B micro-panel + beta * C (beta == 0: C is not read).  The
- * accumulators are named variables (not an array) so that they stay in
- * registers; rows >= ROWS fold away at compile time. */
+ * @ packed B micro-panel + beta * C (beta == 0: C is not read), then, when ep is
+ * not NULL, the epilogue on the final values of rows row0.. (see mdl_epilogue).
+ * The accumulators are named variables (not an array) so that they stay in
+ * registers; rows >= ROWS fold away at compile time.  Tiles with fewer columns
+ * go through a small temporary. */
 #define ROW_FMA(r)                                                   \
     if (ROWS > r) {                                                  \
         __m256 av = _mm256_broadcast_ss(a + p * MR + r);             \
         c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                  \
         c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                  \
     }
-#define ROW_STORE(r, dst, ld)                                        \
-    if (ROWS > r) {                                                  \
-        _mm256_storeu_ps((dst) + r * (ld), c##r##0);                 \
-        _mm256_storeu_ps((dst) + r * (ld) + 8, c##r##1);             \
+#define ROW_FINISH(r)                                                                   \
+    if (ROWS > r) {                                                                     \
+        float *cr = cp + r * ldp;                                                       \
+        if (beta != 0.0f) {                                                             \
+            c##r##0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), c##r##0);                \
+            c##r##1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), c##r##1);            \
+        }                                                                               \
+        if (ep) epilogue_row(ep, row0 + r, &c##r##0, &c##r##1, m0, m1);                 \
+        _mm256_storeu_ps(cr, c##r##0);                                                  \
+        _mm256_storeu_ps(cr + 8, c##r##1);                                              \
     }
-#define ROW_UPDATE(r)                                                \
-    if (ROWS > r) {                                                  \
-        float *cr = c + r * ldc;                                     \
-        _mm256_storeu_ps(cr, _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), c##r##0));         \
-        _mm256_storeu_ps(cr + 8, _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), c##r##1)); \
+
+/* lanes [0, n) of an 8-lane vector set, for n in [0, 8] and beyond */
+static inline __m256 lanes_below(int n)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* One row of a tile, v0 | v1 (16 columns; m0 | m1 mark the valid ones): + bias,
+ * max(0, .), then the row's sum and sum of squares added to the epilogue's sums. */
+static inline __attribute__((always_inline)) void
+epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256 m0, __m256 m1)
+{
+    if (ep->bias) {
+        const __m256 b = _mm256_set1_ps(ep->bias[row]);
+        *v0 = _mm256_add_ps(*v0, b);
+        *v1 = _mm256_add_ps(*v1, b);
     }
+    if (ep->relu) {
+        *v0 = _mm256_max_ps(*v0, _mm256_setzero_ps());
+        *v1 = _mm256_max_ps(*v1, _mm256_setzero_ps());
+    }
+    if (ep->row_sum) {
+        __m256 a0 = _mm256_and_ps(*v0, m0), a1 = _mm256_and_ps(*v1, m1);
+        ep->row_sum[row] += hsum8(_mm256_add_ps(a0, a1));
+        ep->row_sumsq[row] += hsum8(_mm256_fmadd_ps(a0, a0, _mm256_mul_ps(a1, a1)));
+    }
+}
 
 static inline __attribute__((always_inline)) void
 kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
-            float *c, int64_t ldc, int cols, float beta)
+            float *c, int64_t ldc, int cols, float beta, const mdl_epilogue *ep, int64_t row0)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -205,38 +242,34 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
         __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
         ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
     }
-    if (cols == NR) {
-        if (beta == 0.0f) {
-            ROW_STORE(0, c, ldc) ROW_STORE(1, c, ldc) ROW_STORE(2, c, ldc)
-            ROW_STORE(3, c, ldc) ROW_STORE(4, c, ldc) ROW_STORE(5, c, ldc)
-        } else {
-            const __m256 vb = _mm256_set1_ps(beta);
-            ROW_UPDATE(0) ROW_UPDATE(1) ROW_UPDATE(2) ROW_UPDATE(3) ROW_UPDATE(4) ROW_UPDATE(5)
-        }
-        return;
+    const __m256 vb = _mm256_set1_ps(beta);
+    float tmp[MR * NR];
+    float *cp = c;
+    int64_t ldp = ldc;
+    __m256 m0 = lanes_below(8), m1 = m0;
+    if (cols < NR) {
+        cp = tmp;
+        ldp = NR;
+        m0 = lanes_below(cols);
+        m1 = lanes_below(cols - 8);
+        if (beta != 0.0f)
+            for (int r = 0; r < ROWS; r++) memcpy(tmp + r * NR, c + r * ldc, (size_t)cols * 4);
     }
-    float tmp[MR * NR] = {0};
-    ROW_STORE(0, tmp, NR) ROW_STORE(1, tmp, NR) ROW_STORE(2, tmp, NR)
-    ROW_STORE(3, tmp, NR) ROW_STORE(4, tmp, NR) ROW_STORE(5, tmp, NR)
-    for (int r = 0; r < ROWS; r++) {
-        float *cr = c + r * ldc;
-        if (beta == 0.0f)
-            for (int j = 0; j < cols; j++) cr[j] = tmp[r * NR + j];
-        else
-            for (int j = 0; j < cols; j++) cr[j] = tmp[r * NR + j] + beta * cr[j];
-    }
+    ROW_FINISH(0) ROW_FINISH(1) ROW_FINISH(2) ROW_FINISH(3) ROW_FINISH(4) ROW_FINISH(5)
+    if (cols < NR)
+        for (int r = 0; r < ROWS; r++) memcpy(c + r * ldc, tmp + r * NR, (size_t)cols * 4);
 }
 
 static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                   int cols, float beta)
+                   int cols, float beta, const mdl_epilogue *ep, int64_t row0)
 {
     switch (rows) {
-    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta); break;
-    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta); break;
-    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta); break;
-    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta); break;
-    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta); break;
-    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta); break;
+    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta, ep, row0); break;
+    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta, ep, row0); break;
+    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta, ep, row0); break;
+    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta, ep, row0); break;
+    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta, ep, row0); break;
+    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta, ep, row0); break;
     }
 }
 
@@ -324,12 +357,60 @@ void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
                                 const int64_t rows = mbk - pr * MR < MR ? mbk - pr * MR : MR;
                                 kernel((int)rows, kb, apack + pr * MR * kb, bp,
                                        c + (ic + pr * MR) * ldc + jc + q * NR, ldc, (int)cols,
-                                       beta_eff);
+                                       beta_eff, NULL, 0);
                             }
                         }
                     }
 #pragma omp barrier
                 }
+            }
+        }
+    }
+}
+
+/* ---- pre-packed A, one thread (for callers that reuse A over many products) ---- */
+
+size_t mdl_sgemm_avx2_packed_a_floats(int64_t m, int64_t k)
+{
+    return (size_t)(round_up(m, MR) * k);
+}
+
+/* K block pc (of plan_blocks' kc) starts at pa + pc * round_up(m, MR); in it, row
+ * panel q at + q * MR * kb, packed as pack_a does. */
+void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const float *a,
+                           int64_t lda, float *pa)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
+    for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t kb = k - pc < kc ? k - pc : kc;
+        for (int64_t q = 0; q * MR < m; q++) {
+            int64_t rows = m - q * MR < MR ? m - q * MR : MR;
+            pack_a(trans_a, a, lda, q * MR, pc, (int)rows, kb, alpha, pa + pc * mp + q * MR * kb);
+        }
+    }
+}
+
+size_t mdl_sgemm_avx2_packed_b_floats(int64_t k)
+{
+    return (size_t)(plan_blocks(1, 1, k).kc * NR);
+}
+
+void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
+                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                           const mdl_epilogue *ep, float *bbuf)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
+    for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t kb = k - pc < kc ? k - pc : kc;
+        const float beta_eff = pc == 0 ? beta : 1.0f;
+        const mdl_epilogue *last = pc + kb == k ? ep : NULL;
+        for (int64_t j = 0; j < n; j += NR) {
+            const int cols = n - j < NR ? (int)(n - j) : NR;
+            pack_b(trans_b, b, ldb, j, pc, cols, kb, bbuf);
+            for (int64_t i = 0; i < m; i += MR) {
+                const int rows = m - i < MR ? (int)(m - i) : MR;
+                kernel(rows, kb, pa + pc * mp + i * kb, bbuf, c + i * ldc + j, ldc, cols,
+                       beta_eff, last, i);
             }
         }
     }

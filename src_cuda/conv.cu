@@ -2,7 +2,8 @@
  * and the three gradients, as implicit GEMMs on the tiled kernel of gemm.cuh:
  * the im2col matrix is never stored, its elements are gathered as the tiles
  * load (zero in the padding).  Shapes: K = c_in*kh*kw, P = h_out*w_out.
- *   forward           y (c_out, n*P)     = w (c_out, K) @ col (K, n*P)          + bias
+ *   forward           y (c_out, n*P)     = w (c_out, K) @ col (K, n*P)          + bias,
+ *                     ReLU in the store; channel sums (forward_ex) a block per channel
  *   backward_data     dx (c_in, n*h*w)   = w^T gathered (c_in, c_out*kh*kw) @ dy gathered
  *                     (the transposed convolution as a gather: no scatter, no atomics)
  *   backward_weights  dw (c_out, K)      = dy (c_out, n*P) @ col^T (n*P, K), split over n*P
@@ -56,6 +57,7 @@ struct ConvForward {
     conv_geom g;
     const float *x, *w, *bias;
     float *y;
+    int relu;
 
     __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
     __device__ float b(int k, int j) const
@@ -69,7 +71,9 @@ struct ConvForward {
     __device__ void store(int i, int j, float acc, int) const
     {
         const int img = j / g.P, p = j - img * g.P;
-        y[((int64_t)img * g.c_out + i) * g.P + p] = bias ? acc + bias[i] : acc;
+        float v = bias ? acc + bias[i] : acc;
+        if (relu && !(v > 0.0f)) v = 0.0f; /* as the CPU: NaN becomes 0 */
+        y[((int64_t)img * g.c_out + i) * g.P + p] = v;
     }
 };
 
@@ -164,6 +168,28 @@ __global__ void conv_bias_grad(int n, int c_out, int P, const float *dy, float *
     if (threadIdx.x == 0) db[co] = accumulate ? db[co] + acc : acc;
 }
 
+/* sum[co] and sumsq[co] (either may be NULL) = the sums of y (n, c_out, P) over n
+ * and P in double: block co, a fixed-order tree */
+__global__ void conv_channel_sums(int n, int c_out, int P, const float *y, double *sum,
+                                  double *sumsq)
+{
+    __shared__ double scratch[32];
+    const int co = blockIdx.x;
+    double a = 0.0, q2 = 0.0;
+    for (int q = threadIdx.x; q < n * P; q += blockDim.x) {
+        const int img = q / P, p = q - img * P;
+        const double v = y[((int64_t)img * c_out + co) * P + p];
+        a += v;
+        q2 += v * v;
+    }
+    a = mdl_block_sum(a, scratch);
+    q2 = mdl_block_sum(q2, scratch);
+    if (threadIdx.x == 0) {
+        if (sum) sum[co] = a;
+        if (sumsq) sumsq[co] = q2;
+    }
+}
+
 } /* namespace */
 
 /* ---- public entry points -------------------------------------------------------------- */
@@ -201,9 +227,10 @@ static mdl_status check_workspace(const char *fn, const conv_geom &g, const void
     return MDL_OK;
 }
 
-mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
-                                   const float *bias, float *y, void *workspace,
-                                   size_t workspace_bytes, mdl_cuda_stream stream)
+mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                      const float *bias, int relu, double *channel_sum,
+                                      double *channel_sumsq, float *y, void *workspace,
+                                      size_t workspace_bytes, mdl_cuda_stream stream)
 {
     conv_geom g;
     mdl_status st = geometry(__func__, s, &g);
@@ -212,9 +239,20 @@ mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, co
     MDL_CHECK_PTR(w);
     MDL_CHECK_PTR(y);
     if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
-    ConvForward p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y};
+    ConvForward p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0};
     mdl::gemm_launch(p, 1, stream);
+    if ((channel_sum || channel_sumsq) && g.c_out > 0)
+        conv_channel_sums<<<(unsigned)g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, y,
+                                                                 channel_sum, channel_sumsq);
     return mdl_cuda_launched(__func__);
+}
+
+mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                   const float *bias, float *y, void *workspace,
+                                   size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    return mdl_cuda_conv2d_forward_ex(s, x, w, bias, 0, NULL, NULL, y, workspace,
+                                      workspace_bytes, stream);
 }
 
 mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,

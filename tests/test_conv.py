@@ -33,6 +33,8 @@ CASES = [
     (1, 3, 6, 45, 4, 3, 3, (1, 2), (1, 1)),   # wide rows: vector loops and their tails
     (1, 2, 4, 37, 3, 5, 5, 1, 3),
     (1, 2, 3, 20, 2, 1, 19, 1, (0, 9)),       # padding wider than a vector
+    (3, 8, 5, 6, 4, 2, 3, 1, (1, 2)),         # dx as the forward of dy: rectangular kernel
+    (2, 9, 6, 7, 5, 3, 3, 1, (3, 0)),         # stride 1 but padding > kernel - 1: chunked dx
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
@@ -207,6 +209,32 @@ def test_accumulate_and_overwrite(simd, rng, case):
     assert_close(db, rdb + db0, "conv", "db +=")
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[-2], BIG[0], BIG[3]], ids=ids)
+def test_forward_epilogue(simd, threads, rng, case):
+    """conv2d_forward_ex: bias and ReLU applied and the channel sums of the final y
+    taken in the GEMM's epilogue, against float64 NumPy."""
+    x, wt, b, kw = make(rng, case)
+    shape = c_shape(case)
+    ho, wo = _C.conv2d_output_size(shape)
+    want = np.maximum(ref.conv2d(x.astype(np.float64), wt.astype(np.float64), b, **ref_kw(kw)), 0)
+    y = np.full((x.shape[0], wt.shape[0], ho, wo), np.nan, np.float32)
+    s, q = np.full(wt.shape[0], np.nan), np.full(wt.shape[0], np.nan)
+    _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), b, True, s, q, y.ravel())
+    assert_close(y, want, "conv")
+    m = want.shape[0] * ho * wo
+    scale = np.sqrt(m) * np.abs(want).max()  # error bound of float32 sums of m values
+    assert np.allclose(s, want.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6 * scale)
+    assert np.allclose(q, (want ** 2).sum(axis=(0, 2, 3)), rtol=1e-5,
+                       atol=1e-6 * scale * np.abs(want).max())
+    # one of the sums, no ReLU, no bias: y is the plain convolution
+    y2 = np.empty_like(y)
+    _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), None, False, None, q, y2.ravel())
+    plain = ref.conv2d(x.astype(np.float64), wt.astype(np.float64), None, **ref_kw(kw))
+    assert_close(y2, plain, "conv")
+    assert np.allclose(q, (plain ** 2).sum(axis=(0, 2, 3)), rtol=1e-5,
+                       atol=1e-6 * np.sqrt(m) * np.abs(plain).max() ** 2)
+
+
 def test_workspace(simd, rng):
     case = (2, 3, 9, 8, 5, 3, 3, 1, 1)
     x, wt, b, kw = make(rng, case)
@@ -219,7 +247,13 @@ def test_workspace(simd, rng):
     ws = np.empty(-(-need // 4), np.float32)
     _C.conv2d_forward(shape, x.ravel(), wt.ravel(), b, y.ravel(), ws)
     assert_close(y, ref.conv2d(x, wt, b, **ref_kw(kw)), "conv")
-    small = np.empty(need // 4 - 1, np.float32)
+    # the size depends on the thread count; below the one-thread size is an error
+    before = minidl.get_num_threads()
+    minidl.set_num_threads(1)
+    one = _C.conv2d_workspace_size(shape)
+    minidl.set_num_threads(before)
+    assert one <= need
+    small = np.empty(one // 4 - 1, np.float32)
     calls = [
         lambda: _C.conv2d_forward(shape, x.ravel(), wt.ravel(), b, y.ravel(), small),
         lambda: _C.conv2d_backward_data(shape, y.ravel(), wt.ravel(), dx.ravel(), small),

@@ -181,6 +181,22 @@ def test_conv2d_forward(gpu, rng, case, with_bias):
 
 
 @pytest.mark.parametrize("case", CONV_SHAPES)
+def test_conv2d_forward_epilogue(gpu, rng, case):
+    """bias + ReLU in the store and the float64 channel sums, against the CPU kernel."""
+    shape, (ho, wo), x, wt, bias, _, kw = conv_case(rng, *case)
+    c_out = wt.shape[0]
+    want = np.empty((x.shape[0], c_out, ho, wo), np.float32)
+    want_s, want_q = np.empty(c_out), np.empty(c_out)
+    _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), bias, True, want_s, want_q, want.ravel())
+    py, ps, pq = gpu.empty(want.shape), gpu.empty(c_out, np.float64), gpu.empty(c_out, np.float64)
+    run(cuda.conv2d_forward_ex, shape, gpu.up(x), gpu.up(wt), gpu.up(bias), True, ps, pq, py)
+    check(gpu.down(py, want.shape), want, "conv", "relu(y)")
+    scale = np.sqrt(want.size / c_out) * max(np.abs(want).max(), 1.0)
+    assert np.allclose(gpu.down(ps, c_out, np.float64), want_s, rtol=1e-5, atol=1e-5 * scale)
+    assert np.allclose(gpu.down(pq, c_out, np.float64), want_q, rtol=1e-5, atol=1e-5 * scale ** 2)
+
+
+@pytest.mark.parametrize("case", CONV_SHAPES)
 def test_conv2d_backward(gpu, rng, case):
     shape, _, x, wt, bias, dy, kw = conv_case(rng, *case)
     want_dx, want_dw, want_db = ops.conv2d_backward(x, wt, dy, **kw)

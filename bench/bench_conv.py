@@ -1,0 +1,135 @@
+"""Convolution layers of cifar10_quick (batch 100) and resnet20 (batch 128), one op at a time.
+
+    python3 bench/bench_conv.py [--threads 2] [--reps 5] [--json PATH]
+    python3 bench/bench_conv.py --against OTHER_TREE [--rounds 5]
+
+Times forward, backward-data and backward-weights of every distinct convolution
+shape of the two nets through minidl.ops (best of --reps calls each) and prints
+ms and GFLOP/s.  With --against, the same measurement runs alternately in fresh
+processes importing this tree's minidl and OTHER_TREE's (A B A B ..., --rounds
+each), and the table gives each side's median and the median per-round ratio
+other / this (above 1: this tree is faster): the before/after figures of
+bench/NOTES.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# (name, n, c_in, h, w, c_out, k, stride, pad): each distinct shape once
+LAYERS = [
+    ("quick.conv1", 100, 3, 32, 32, 32, 5, 1, 2),
+    ("quick.conv2", 100, 32, 16, 16, 32, 5, 1, 2),
+    ("quick.conv3", 100, 32, 8, 8, 64, 5, 1, 2),
+    ("r20.conv1", 128, 3, 32, 32, 16, 3, 1, 1),
+    ("r20.3x3.16", 128, 16, 32, 32, 16, 3, 1, 1),
+    ("r20.3x3.16-32/2", 128, 16, 32, 32, 32, 3, 2, 1),
+    ("r20.3x3.32", 128, 32, 16, 16, 32, 3, 1, 1),
+    ("r20.1x1.16-32/2", 128, 16, 32, 32, 32, 1, 2, 0),
+    ("r20.3x3.32-64/2", 128, 32, 16, 16, 64, 3, 2, 1),
+    ("r20.3x3.64", 128, 64, 8, 8, 64, 3, 1, 1),
+    ("r20.1x1.32-64/2", 128, 32, 16, 16, 64, 1, 2, 0),
+]
+# how many times each shape occurs in its net (for the per-net totals)
+COUNT = {"r20.3x3.16": 6, "r20.3x3.32": 5, "r20.3x3.64": 5}
+OPS = ("forward", "backward_data", "backward_weights")
+
+
+def measure(threads, reps):
+    import numpy as np
+    import minidl
+    from minidl import _C
+    minidl.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, n, ci, h, w, co, k, st, pad in LAYERS:
+        shape = (n, ci, h, w, co, k, k, st, st, pad, pad)
+        ho, wo = _C.conv2d_output_size(shape)
+        x = rng.standard_normal(n * ci * h * w, dtype=np.float32)
+        wt = rng.standard_normal(co * ci * k * k, dtype=np.float32) * 0.1
+        dy = rng.standard_normal(n * co * ho * wo, dtype=np.float32)
+        y, dx, dw = np.empty_like(dy), np.empty_like(x), np.empty_like(wt)
+        ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+        calls = {
+            "forward": lambda: _C.conv2d_forward(shape, x, wt, None, y, ws),
+            "backward_data": lambda: _C.conv2d_backward_data(shape, dy, wt, dx, ws),
+            "backward_weights": lambda: _C.conv2d_backward_weights(shape, x, dy, dw, False, ws),
+        }
+        flop = 2.0 * n * co * ci * k * k * ho * wo
+        row = {}
+        for op, fn in calls.items():
+            fn()
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            row[op] = {"ms": best * 1e3, "gflops": flop / best / 1e9}
+        out[name] = row
+    return out
+
+
+def child(tree, threads, reps):
+    env = dict(os.environ, PYTHONPATH=tree)
+    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import bench_conv; "
+            f"print(json.dumps(bench_conv.measure({threads}, {reps})))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True, cwd="/")
+    return json.loads(r.stdout)
+
+
+def table(this, other=None):
+    head = f"{'layer':18s}" + "".join(f"{op:>24s}" for op in OPS)
+    print(head)
+    for name in this:
+        cells = []
+        for op in OPS:
+            a = this[name][op]
+            if other is None:
+                cells.append(f"{a['ms']:8.2f} ms {a['gflops']:6.1f} GF/s")
+            else:
+                cells.append(f"{other[name][op]['ms']:7.2f} -> {a['ms']:6.2f} ({a['ratio']:.2f}x)")
+        print(f"{name:18s}" + "".join(f"{c:>24s}" for c in cells))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--against", metavar="TREE", help="another source tree to compare with")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", metavar="PATH")
+    a = p.parse_args()
+    if not a.against:
+        sys.path.append(ROOT)  # after PYTHONPATH: an installed or chosen minidl wins
+        res = measure(a.threads, a.reps)
+        table(res)
+        report = {"threads": a.threads, "layers": res}
+    else:
+        runs = {"this": [], "other": []}
+        for _ in range(a.rounds):
+            runs["other"].append(child(os.path.abspath(a.against), a.threads, a.reps))
+            runs["this"].append(child(ROOT, a.threads, a.reps))
+        med = {side: {name: {op: {"ms": statistics.median(r[name][op]["ms"] for r in rs)}
+                             for op in OPS} for name in rs[0]} for side, rs in runs.items()}
+        for name in med["this"]:
+            for op in OPS:
+                med["this"][name][op]["ratio"] = statistics.median(
+                    o[name][op]["ms"] / t[name][op]["ms"]
+                    for o, t in zip(runs["other"], runs["this"]))
+        table(med["this"], med["other"])
+        report = {"threads": a.threads, "rounds": a.rounds, "against": a.against,
+                  "median": med, "runs": runs}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
