@@ -129,6 +129,21 @@ typedef struct mdl_conv2d_shape {
     int64_t pad_h, pad_w;           /* >= 0, zero padding */
 } mdl_conv2d_shape;
 
+/* The algorithm of the SIMD convolutions.  MDL_CONV_AUTO (the default) uses
+ * Winograd's F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2 and at least
+ * 16 input and output channels (forward, and backward_data through the
+ * equivalent forward of dy), and an implicit GEMM elsewhere; MDL_CONV_GEMM and
+ * MDL_CONV_WINOGRAD choose one (Winograd only where it applies).  The environment
+ * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The
+ * scalar reference kernels always convolve directly. */
+typedef enum mdl_conv_algo {
+    MDL_CONV_AUTO = 0,
+    MDL_CONV_GEMM = 1,
+    MDL_CONV_WINOGRAD = 2
+} mdl_conv_algo;
+MDL_API mdl_status mdl_set_conv_algo(mdl_conv_algo algo);
+MDL_API mdl_conv_algo mdl_get_conv_algo(void);
+
 /* Output y: (n, c_out, h_out, w_out), h_out = (h + 2 pad_h - kh) / stride_h + 1. */
 MDL_API mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s,
                                           int64_t *h_out, int64_t *w_out);

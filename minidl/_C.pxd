@@ -34,6 +34,12 @@ cdef extern from "minidl.h" nogil:
         int64_t stride_h, stride_w
         int64_t pad_h, pad_w
     mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out, int64_t *w_out)
+    ctypedef enum mdl_conv_algo:
+        MDL_CONV_AUTO
+        MDL_CONV_GEMM
+        MDL_CONV_WINOGRAD
+    mdl_status mdl_set_conv_algo(mdl_conv_algo algo)
+    mdl_conv_algo mdl_get_conv_algo()
     size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
     mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                                   const float *bias, float *y, void *workspace, size_t workspace_bytes)

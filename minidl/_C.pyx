@@ -99,6 +99,20 @@ def conv2d_output_size(tuple shape):
     return ho, wo
 
 
+CONV_ALGOS = {"auto": MDL_CONV_AUTO, "gemm": MDL_CONV_GEMM, "winograd": MDL_CONV_WINOGRAD}
+
+
+def set_conv_algo(str algo):
+    if algo not in CONV_ALGOS:
+        raise ValueError(f"conv algorithm must be one of {sorted(CONV_ALGOS)}, got {algo!r}")
+    check(mdl_set_conv_algo(CONV_ALGOS[algo]))
+
+
+def get_conv_algo():
+    cdef mdl_conv_algo a = mdl_get_conv_algo()
+    return next(k for k, v in CONV_ALGOS.items() if v == a)
+
+
 def conv2d_workspace_size(tuple shape):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
     return mdl_conv2d_workspace_size(&cs)

@@ -18,6 +18,7 @@
  *    its own partial dw; the partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #  include <omp.h>
@@ -32,6 +33,60 @@
 /* the shape check: mdl_conv2d_check_shape in checks.h */
 #define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
 #define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
+#define WINOGRAD_MIN_C 16                 /* MDL_CONV_AUTO: Winograd from this many channels */
+
+static int conv_algo = -1; /* -1: not yet read from MINIDL_CONV */
+
+mdl_status mdl_set_conv_algo(mdl_conv_algo algo)
+{
+    if (algo != MDL_CONV_AUTO && algo != MDL_CONV_GEMM && algo != MDL_CONV_WINOGRAD)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_conv_algo: unknown algorithm %d", (int)algo);
+    __atomic_store_n(&conv_algo, (int)algo, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
+mdl_conv_algo mdl_get_conv_algo(void)
+{
+    int a = __atomic_load_n(&conv_algo, __ATOMIC_RELAXED);
+    if (a < 0) {
+        const char *env = getenv("MINIDL_CONV");
+        a = !env ? MDL_CONV_AUTO : strcmp(env, "gemm") == 0 ? MDL_CONV_GEMM
+            : strcmp(env, "winograd") == 0 ? MDL_CONV_WINOGRAD : MDL_CONV_AUTO;
+        __atomic_store_n(&conv_algo, a, __ATOMIC_RELAXED);
+    }
+    return (mdl_conv_algo)a;
+}
+
+/* Winograd's scratch for shape s (0 where it does not apply) and whether to use it */
+static size_t winograd_fixed(const mdl_conv2d_shape *s)
+{
+#if MDL_X86
+    if (mdl_winograd_applies(s)) return mdl_winograd_fixed_floats(s);
+#endif
+    (void)s;
+    return 0;
+}
+
+static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+#if MDL_X86
+    if (mdl_winograd_applies(s)) return mdl_winograd_thread_floats(s, ho, wo);
+#endif
+    (void)s, (void)ho, (void)wo;
+    return 0;
+}
+
+static int use_winograd(const mdl_conv2d_shape *s)
+{
+#if MDL_X86
+    mdl_conv_algo a = mdl_get_conv_algo();
+    return mdl_winograd_applies(s) && a != MDL_CONV_GEMM &&
+           (a == MDL_CONV_WINOGRAD || (s->c_in >= WINOGRAD_MIN_C && s->c_out >= WINOGRAD_MIN_C));
+#else
+    (void)s;
+    return 0;
+#endif
+}
 
 typedef struct conv_geom {
     int64_t ho, wo;      /* output size */
@@ -51,6 +106,8 @@ typedef struct conv_geom {
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
 #define FLOATS(n) (((size_t)(n) + 15) & ~(size_t)15)
+/* the per-image channel sums of the forward, (n, 2, c_out) doubles, in floats */
+#define SUMS_FLOATS(s) FLOATS(4 * (size_t)((s)->n * (s)->c_out))
 
 /* With stride 1 and pad <= k - 1, the data gradient is a forward convolution:
  * dx = conv(dy, w') with w'[ci, co, i, j] = w[co, ci, kh-1-i, kw-1-j] and padding
@@ -96,14 +153,19 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     /* per image: packed weights and per-image channel sums (shared), a column
      * matrix and a packed B panel per thread; backward-data also the flipped weights */
     const int64_t Kt = s->c_out * s->kh * s->kw, Pt = s->h * s->w;
-    size_t fixed_f = FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->K)) +
-                     FLOATS(2 * (size_t)(s->n * s->c_out) * 2);
-    size_t fixed_d = g->direct_data ? FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt)) +
-                                      FLOATS((size_t)(s->c_in * Kt)) : 0;
-    size_t per_f = FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
-                   FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K));
-    size_t per_d = g->direct_data ? FLOATS(g->pointwise ? 0 : (size_t)(Kt * Pt)) +
-                                    FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) : 0;
+    /* forward: the sums, then the packed weights (for the GEMM or for Winograd);
+     * backward-data: the flipped weights, then the same for the shape t */
+    size_t fixed_f = SUMS_FLOATS(s) + max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->K)),
+                                               winograd_fixed(s));
+    size_t fixed_d = g->direct_data ? FLOATS((size_t)(s->c_in * Kt)) +
+                     max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt)), winograd_fixed(&t))
+                     : 0;
+    size_t per_f = max_size(FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
+                            winograd_thread(s, g->ho, g->wo));
+    size_t per_d = g->direct_data ? max_size(FLOATS(g->pointwise ? 0 : (size_t)(Kt * Pt)) +
+                                             FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
+                                             winograd_thread(&t, s->h, s->w)) : 0;
     /* backward-weights: a column matrix, the image's packed dy, a packed B panel
      * and a partial dw per thread */
     size_t per_w = FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
@@ -299,8 +361,8 @@ static void chunk_gather(const conv_geom *g, int64_t c_out, int64_t nb, const fl
  * depend on the thread count.  Per-image channel sums go to sums (n, 2, c_out)
  * and are added up over the images in order by the caller. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
-                      const float *pa, const float *bias, int relu, double *sums, float *y,
-                      float *ws, size_t avail, int nt)
+                      int wino, const float *pa, const float *bias, int relu, double *sums,
+                      float *y, float *ws, size_t avail, int nt)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
@@ -315,22 +377,26 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
         for (int64_t b = s->n * t / nt; b < s->n * (t + 1) / nt; b++) {
             const float *xb = x + b * image, *src = xb;
-            if (!g->pointwise) {
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
-                src = col;
-            }
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
                 ep.row_sumsq = ep.row_sum + c_out;
                 for (int64_t c = 0; c < 2 * c_out; c++) ep.row_sum[c] = 0.0;
             }
-            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, 0.0f, y + b * c_out * P, P,
-                                  bias || relu || sums ? &ep : NULL, bbuf);
+            const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
+            if (wino) {
+                mdl_winograd_image(s, g->ho, g->wo, pa, xb, e, y + b * c_out * P, col);
+                continue;
+            }
+            if (!g->pointwise) {
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
+                src = col;
+            }
+            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, 0.0f, y + b * c_out * P, P, e, bbuf);
         }
     }
 #else
-    (void)s, (void)g, (void)x, (void)pa, (void)bias, (void)relu, (void)sums, (void)y;
+    (void)s, (void)g, (void)x, (void)wino, (void)pa, (void)bias, (void)relu, (void)sums, (void)y;
     (void)ws, (void)avail, (void)nt;
 #endif
 }
@@ -451,12 +517,15 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
             epilogue_scalar(s, g.P, relu, channel_sum, channel_sumsq, y);
         return MDL_OK;
     }
-    /* packed weights, then the per-image channel sums (n, 2, c_out) */
-    float *pa = ws;
-    double *sums = (double *)(pa + FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g.K)));
-    const int want_sums = channel_sum || channel_sumsq;
-    mdl_sgemm_avx2_pack_a(0, s->c_out, g.K, 1.0f, w, g.K, pa);
-    per_image(s, &g, x, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
+    /* the per-image channel sums (n, 2, c_out), then the packed weights */
+    double *sums = (double *)ws;
+    float *pa = ws + SUMS_FLOATS(s);
+    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s);
+    if (wino)
+        mdl_winograd_weights(s, w, pa);
+    else
+        mdl_sgemm_avx2_pack_a(0, s->c_out, g.K, 1.0f, w, g.K, pa);
+    per_image(s, &g, x, wino, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
               mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
@@ -497,13 +566,17 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
         gt.fixed = g.fixed; /* the workspace layout is this op's, sized for both */
         gt.per_thread = g.per_thread;
         const int64_t kk = s->kh * s->kw, Kt = gt.K;
-        float *pa = ws, *wf = pa + FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt));
+        float *wf = ws, *pa = wf + FLOATS(s->c_in * Kt);
         for (int64_t co = 0; co < c_out; co++)
             for (int64_t ci = 0; ci < s->c_in; ci++)
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
-        mdl_sgemm_avx2_pack_a(0, s->c_in, Kt, 1.0f, wf, Kt, pa);
-        per_image(&t, &gt, dy, pa, NULL, 0, NULL, dx, ws, avail,
+        const int wino = use_winograd(&t);
+        if (wino)
+            mdl_winograd_weights(&t, wf, pa);
+        else
+            mdl_sgemm_avx2_pack_a(0, s->c_in, Kt, 1.0f, wf, Kt, pa);
+        per_image(&t, &gt, dy, wino, pa, NULL, 0, NULL, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
         mdl_free(owned);
         return MDL_OK;

@@ -3,6 +3,7 @@
 #define MDL_CONV_H
 #include <stdint.h>
 #include "common.h"
+#include "gemm.h"
 
 /* The output positions o in [0, n_out) whose input index o*stride - pad + k
  * lies in [0, n_in) form one range [*lo, *hi) (empty when *lo == *hi). */
@@ -36,6 +37,17 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
                           int64_t ld, float *dx, int64_t c0, int64_t c1);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
+
+/* Winograd F(2x2, 3x3) (winograd_avx2.c): for 3x3 kernels, stride 1, padding <= 2.
+ * The weights are transformed once per call into `fixed` (fixed_floats); each
+ * image then needs thread_floats of scratch.  Buffers 64-byte aligned. */
+int mdl_winograd_applies(const mdl_conv2d_shape *s);
+size_t mdl_winograd_fixed_floats(const mdl_conv2d_shape *s);
+size_t mdl_winograd_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
+void mdl_winograd_weights(const mdl_conv2d_shape *s, const float *w, float *fixed);
+/* y (c_out, ho, wo) of one image x (c_in, h, w), with the epilogue ep (or NULL) */
+void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *fixed,
+                        const float *x, const mdl_epilogue *ep, float *y, float *buf);
 #else /* mdl_use_avx2() is never true off x86; this name only keeps the dispatch compiling */
 #  define mdl_conv_sum_avx2 mdl_conv_sum_scalar
 #endif

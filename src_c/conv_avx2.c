@@ -7,23 +7,13 @@
 #include "simd_avx2.h"
 #include "conv.h"
 
-/* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
-static inline __m256i lane_mask(int64_t lo, int64_t hi)
-{
-    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
-    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
-    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32((int)lo - 1)),
-                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), idx));
-}
-
 /* d[0, count) = 0 */
 static inline void zero_row(float *d, int64_t count)
 {
     const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= count; i += 8) _mm256_storeu_ps(d + i, z);
-    if (i < count) _mm256_maskstore_ps(d + i, lane_mask(0, count - i), z);
+    if (i < count) _mm256_maskstore_ps(d + i, mdl_lane_mask(0, count - i), z);
 }
 
 /* d[0, n) = src[k] for k in [lo, hi), 0 elsewhere; src is read only in [lo, hi).
@@ -35,19 +25,12 @@ static inline void window_row(float *d, const float *src, int64_t n, int64_t lo,
         if (k >= lo && k + 8 <= hi)
             _mm256_storeu_ps(d + k, _mm256_loadu_ps(src + k));
         else
-            _mm256_storeu_ps(d + k, _mm256_maskload_ps(src + k, lane_mask(lo - k, hi - k)));
+            _mm256_storeu_ps(d + k, _mm256_maskload_ps(src + k, mdl_lane_mask(lo - k, hi - k)));
     }
     if (k < n) {
-        __m256 v = _mm256_maskload_ps(src + k, lane_mask(lo - k, hi - k));
-        _mm256_maskstore_ps(d + k, lane_mask(0, n - k), v);
+        __m256 v = _mm256_maskload_ps(src + k, mdl_lane_mask(lo - k, hi - k));
+        _mm256_maskstore_ps(d + k, mdl_lane_mask(0, n - k), v);
     }
-}
-
-/* the even elements of a then b: a0 a2 a4 a6 b0 b2 b4 b6 */
-static inline __m256 even_lanes(__m256 a, __m256 b)
-{
-    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)); /* a0 a2 b0 b2 | a4 a6 b4 b6 */
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
 /* d[k] = src[2k] for k in [0, count); reads only src[0, 2*count - 1) */
@@ -55,7 +38,7 @@ static inline void gather2_row(float *d, const float *src, int64_t count)
 {
     int64_t k = 0;
     for (; k + 9 <= count; k += 8)
-        _mm256_storeu_ps(d + k, even_lanes(_mm256_loadu_ps(src + 2 * k),
+        _mm256_storeu_ps(d + k, mdl_even_lanes(_mm256_loadu_ps(src + 2 * k),
                                            _mm256_loadu_ps(src + 2 * k + 8)));
     for (; k < count; k++) d[k] = src[2 * k];
 }
@@ -110,7 +93,7 @@ static inline void add_row(float *dst, const float *src, int64_t count)
         _mm256_storeu_ps(dst + i,
                          _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
     if (i < count) {
-        __m256i m = lane_mask(0, count - i);
+        __m256i m = mdl_lane_mask(0, count - i);
         _mm256_maskstore_ps(dst + i, m, _mm256_add_ps(_mm256_maskload_ps(dst + i, m),
                                                       _mm256_maskload_ps(src + i, m)));
     }

@@ -31,6 +31,7 @@
 #  include <omp.h>
 #endif
 #include "gemm.h"
+#include "simd_avx2.h"
 
 #define MR 6
 #define NR 16
@@ -196,20 +197,6 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
         _mm256_storeu_ps(cr + 8, c##r##1);                                              \
     }
 
-/* lanes [0, n) of an 8-lane vector set, for n in [0, 8] and beyond */
-static inline __m256 lanes_below(int n)
-{
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
-}
-
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* One row of a tile, v0 | v1 (16 columns; m0 | m1 mark the valid ones): + bias,
  * max(0, .), then the row's sum and sum of squares added to the epilogue's sums. */
 static inline __attribute__((always_inline)) void
@@ -226,8 +213,8 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
     }
     if (ep->row_sum) {
         __m256 a0 = _mm256_and_ps(*v0, m0), a1 = _mm256_and_ps(*v1, m1);
-        ep->row_sum[row] += hsum8(_mm256_add_ps(a0, a1));
-        ep->row_sumsq[row] += hsum8(_mm256_fmadd_ps(a0, a0, _mm256_mul_ps(a1, a1)));
+        ep->row_sum[row] += mdl_hsum_ps(_mm256_add_ps(a0, a1));
+        ep->row_sumsq[row] += mdl_hsum_ps(_mm256_fmadd_ps(a0, a0, _mm256_mul_ps(a1, a1)));
     }
 }
 
@@ -246,12 +233,12 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
     float tmp[MR * NR];
     float *cp = c;
     int64_t ldp = ldc;
-    __m256 m0 = lanes_below(8), m1 = m0;
+    __m256 m0 = _mm256_castsi256_ps(mdl_lane_mask(0, 8)), m1 = m0;
     if (cols < NR) {
         cp = tmp;
         ldp = NR;
-        m0 = lanes_below(cols);
-        m1 = lanes_below(cols - 8);
+        m0 = _mm256_castsi256_ps(mdl_lane_mask(0, cols));
+        m1 = _mm256_castsi256_ps(mdl_lane_mask(0, cols - 8));
         if (beta != 0.0f)
             for (int r = 0; r < ROWS; r++) memcpy(tmp + r * NR, c + r * ldc, (size_t)cols * 4);
     }

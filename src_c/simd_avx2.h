@@ -4,6 +4,23 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
+static inline __m256i mdl_lane_mask(int64_t lo, int64_t hi)
+{
+    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
+    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32((int)lo - 1)),
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), idx));
+}
+
+/* the even elements of a then b: a0 a2 a4 a6 b0 b2 b4 b6 */
+static inline __m256 mdl_even_lanes(__m256 a, __m256 b)
+{
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)); /* a0 a2 b0 b2 | a4 a6 b4 b6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
 /* sum of the 8 lanes */
 static inline float mdl_hsum_ps(__m256 v)
 {

@@ -94,6 +94,51 @@ def test_conv_threads(simd, threads, rng, case):
     check_all(rng, case, True)
 
 
+# 3x3, stride 1: Winograd F(2x2, 3x3) where it applies (padding <= 2); odd and even
+# output sizes, tile rows and columns that do not fill a vector, few channels
+WINOGRAD = [
+    (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
+    (3, 5, 7, 9, 6, 3, 3, 1, 1),              # odd output: partial tiles
+    (2, 17, 8, 8, 19, 3, 3, 1, 0),            # no padding
+    (1, 4, 5, 21, 3, 3, 3, 1, 2),             # padding 2, 11 tile columns
+    (2, 3, 3, 3, 2, 3, 3, 1, (0, 2)),         # one tile row
+    (1, 9, 40, 6, 33, 3, 3, 1, (2, 1)),
+    (1, 2, 1, 1, 3, 3, 3, 1, 1),              # a single pixel
+]
+
+
+@pytest.fixture(params=["gemm", "winograd"])
+def conv_algo(request):
+    minidl.set_conv_algo(request.param)
+    yield request.param
+    minidl.set_conv_algo("auto")
+
+
+@pytest.mark.parametrize("case", WINOGRAD, ids=ids)
+def test_conv_algorithms(simd, threads, conv_algo, rng, case):
+    """Forward, dx (the forward of dy) and dw with each algorithm forced, against
+    float64 NumPy; and the epilogue through Winograd's output transform."""
+    check_all(rng, case, True)
+    x, wt, b, kw = make(rng, case)
+    shape = c_shape(case)
+    ho, wo = _C.conv2d_output_size(shape)
+    want = np.maximum(ref.conv2d(x, wt, b, **ref_kw(kw)), 0)
+    y = np.empty((x.shape[0], wt.shape[0], ho, wo), np.float32)
+    s, q = np.empty(wt.shape[0]), np.empty(wt.shape[0])
+    _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), b, True, s, q, y.ravel())
+    assert_close(y, want, "conv")
+    scale = np.sqrt(want[:, 0].size) * max(np.abs(want).max(), 1e-3)
+    assert np.allclose(s, want.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6 * scale)
+    assert np.allclose(q, (want ** 2).sum(axis=(0, 2, 3)), rtol=1e-5,
+                       atol=1e-6 * scale * np.abs(want).max())
+
+
+def test_conv_algo_setting():
+    assert minidl.get_conv_algo() == "auto"
+    with pytest.raises(ValueError, match="conv algorithm must be one of"):
+        minidl.set_conv_algo("fft")
+
+
 def test_reference_gradients_by_finite_differences(rng):
     """The oracle's backward is the gradient of its forward (float64, central differences)."""
     x = rng.standard_normal((2, 3, 6, 5))
