@@ -94,7 +94,7 @@ def test_conv_threads(simd, threads, rng, case):
     check_all(rng, case, True)
 
 
-# 3x3, stride 1: Winograd F(2x2, 3x3) where it applies (padding <= 2); odd and even
+# 3x3 and 5x5, stride 1: Winograd F(2x2, r x r) where it applies (padding < r); odd and even
 # output sizes, tile rows and columns that do not fill a vector, few channels
 WINOGRAD = [
     (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
@@ -104,6 +104,9 @@ WINOGRAD = [
     (2, 3, 3, 3, 2, 3, 3, 1, (0, 2)),         # one tile row
     (1, 9, 40, 6, 33, 3, 3, 1, (2, 1)),
     (1, 2, 1, 1, 3, 3, 3, 1, 1),              # a single pixel
+    (2, 32, 16, 16, 32, 5, 5, 1, 2),          # F(2x2, 5x5): cifar10_quick's conv2
+    (2, 7, 9, 11, 5, 5, 5, 1, (4, 1)),        # odd outputs, padding up to 4
+    (1, 3, 5, 6, 2, 5, 5, 1, 0),              # no padding: one output row, a partial tile
 ]
 
 
