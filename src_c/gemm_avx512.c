@@ -38,8 +38,10 @@
 #ifndef MR
 #  define MR 14      /* rows of a micro-tile (<= 14: 2 * MR accumulators + B + spare) */
 #endif
-#define NRV 2        /* zmm vectors per row of a micro-tile */
-#define NR (16 * NRV)
+#ifndef NRV
+#  define NRV 2      /* zmm vectors per row of a micro-tile (2 or 4) */
+#endif
+#define NR (16 * NRV)  /* columns of a micro-tile: 32 (a 6 x 64 tile measured no faster) */
 #ifndef KC_MAX
 #  define KC_MAX 384 /* A micro-panel MR x kc floats: 21 KiB at MR = 14, stays in L1 */
 #endif
@@ -171,25 +173,29 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
         }
         return;
     }
-    /* op(B)[p][j] = b[j * ldb + p]: columns of op(B) are contiguous in p */
+    /* op(B)[p][j] = b[j * ldb + p]: columns of op(B) are contiguous in p.  16
+     * columns at a time over all of kc, so that no more than 16 source rows are
+     * streamed at once (the hardware prefetchers track a limited number) */
     const float *src[NR];
     for (int j = 0; j < NR; j++) src[j] = b + (j0 + (j < cols ? j : 0)) * ldb + p0;
     const __m256 zero = _mm256_setzero_ps();
-    int64_t p = 0;
-    for (; p + 8 <= kc; p += 8) {
-        for (int h = 0; h < NR / 8; h++) {
-            __m256 v[8];
-            if (h * 8 >= cols) {
-                for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, zero);
-                continue;
+    const int64_t kc8 = kc & ~(int64_t)7;
+    for (int hh = 0; hh < NR / 16; hh++) {
+        if (hh * 16 >= cols) {
+            for (int64_t p = 0; p < kc8; p++) _mm512_store_ps(dst + p * NR + hh * 16, _mm512_setzero_ps());
+            continue;
+        }
+        for (int64_t p = 0; p < kc8; p += 8) {
+            for (int h = 2 * hh; h < 2 * hh + 2; h++) {
+                __m256 v[8];
+                for (int j = 0; j < 8; j++)
+                    v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
+                transpose8x8(v);
+                for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
             }
-            for (int j = 0; j < 8; j++)
-                v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
-            transpose8x8(v);
-            for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
         }
     }
-    for (; p < kc; p++) {
+    for (int64_t p = kc8; p < kc; p++) {
         int j = 0;
         for (; j < cols; j++) dst[p * NR + j] = src[j][p];
         for (; j < NR; j++) dst[p * NR + j] = 0.0f;
@@ -206,22 +212,38 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
         const __m512 av = _mm512_set1_ps(a[p * MR + r]);                      \
         c##r##_0 = _mm512_fmadd_ps(av, b0, c##r##_0);                         \
         c##r##_1 = _mm512_fmadd_ps(av, b1, c##r##_1);                         \
+        if (NRV > 2) {                                                        \
+            c##r##_2 = _mm512_fmadd_ps(av, b2, c##r##_2);                     \
+            c##r##_3 = _mm512_fmadd_ps(av, b3, c##r##_3);                     \
+        }                                                                     \
     }
 #define ROW_STORE(r)                                                          \
     if (ROWS > r) {                                                           \
         _mm512_storeu_ps(c + r * ldc, c##r##_0);                              \
         _mm512_storeu_ps(c + r * ldc + 16, c##r##_1);                         \
+        if (NRV > 2) {                                                        \
+            _mm512_storeu_ps(c + r * ldc + 32, c##r##_2);                     \
+            _mm512_storeu_ps(c + r * ldc + 48, c##r##_3);                     \
+        }                                                                     \
     }
 #define ROW_UPDATE(r)                                                         \
     if (ROWS > r) {                                                           \
         float *cr = c + r * ldc;                                              \
         _mm512_storeu_ps(cr, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr), c##r##_0));           \
         _mm512_storeu_ps(cr + 16, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 16), c##r##_1)); \
+        if (NRV > 2) {                                                        \
+            _mm512_storeu_ps(cr + 32, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 32), c##r##_2)); \
+            _mm512_storeu_ps(cr + 48, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 48), c##r##_3)); \
+        }                                                                     \
     }
 #define ROW_STORE_MASKED(r)                                                   \
     if (ROWS > r) {                                                           \
         _mm512_mask_storeu_ps(c + r * ldc, m0, c##r##_0);                     \
         _mm512_mask_storeu_ps(c + r * ldc + 16, m1, c##r##_1);                \
+        if (NRV > 2) {                                                        \
+            _mm512_mask_storeu_ps(c + r * ldc + 32, m2, c##r##_2);            \
+            _mm512_mask_storeu_ps(c + r * ldc + 48, m3, c##r##_3);            \
+        }                                                                     \
     }
 #define ROW_UPDATE_MASKED(r)                                                  \
     if (ROWS > r) {                                                           \
@@ -230,16 +252,26 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
             _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), c##r##_0));    \
         _mm512_mask_storeu_ps(cr + 16, m1,                                    \
             _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), c##r##_1)); \
+        if (NRV > 2) {                                                        \
+            _mm512_mask_storeu_ps(cr + 32, m2,                                \
+                _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m2, cr + 32), c##r##_2)); \
+            _mm512_mask_storeu_ps(cr + 48, m3,                                \
+                _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m3, cr + 48), c##r##_3)); \
+        }                                                                     \
     }
 #define ALL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 #define ROW_PREFETCH(r)                                                       \
     if (ROWS > r) {                                                           \
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);               \
         _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);      \
+        if (NRV > 2) {                                                        \
+            _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);      \
+            _mm_prefetch((const char *)(c + r * ldc + 32), _MM_HINT_T0);      \
+        }                                                                     \
     }
 
-#if MR > 14
-#  error "the micro-kernel names 14 rows of accumulators at most"
+#if MR > 14 || NRV * MR > 28 || (NRV != 2 && NRV != 4)
+#  error "the micro-kernel holds 28 accumulators: MR <= 14 rows of 2 or MR <= 7 of 4 vectors"
 #endif
 
 static inline __attribute__((always_inline)) void
@@ -251,10 +283,22 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
     __m512 c5_1 = c0_0, c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0;
     __m512 c8_1 = c0_0, c9_0 = c0_0, c9_1 = c0_0, c10_0 = c0_0, c10_1 = c0_0, c11_0 = c0_0;
     __m512 c11_1 = c0_0, c12_0 = c0_0, c12_1 = c0_0, c13_0 = c0_0, c13_1 = c0_0;
+    /* the third and fourth vectors of each row, for NRV == 4 (MR <= 7) */
+    __m512 c0_2 = c0_0, c0_3 = c0_0, c1_2 = c0_0, c1_3 = c0_0, c2_2 = c0_0, c2_3 = c0_0;
+    __m512 c3_2 = c0_0, c3_3 = c0_0, c4_2 = c0_0, c4_3 = c0_0, c5_2 = c0_0, c5_3 = c0_0;
+    __m512 c6_2 = c0_0, c6_3 = c0_0;
+    __m512 c7_2 = c0_0, c7_3 = c0_0, c8_2 = c0_0, c8_3 = c0_0, c9_2 = c0_0, c9_3 = c0_0;
+    __m512 c10_2 = c0_0, c10_3 = c0_0, c11_2 = c0_0, c11_3 = c0_0, c12_2 = c0_0, c12_3 = c0_0;
+    __m512 c13_2 = c0_0, c13_3 = c0_0;
     ALL_ROWS(ROW_PREFETCH)
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; p++) {
         const __m512 b0 = _mm512_load_ps(b + p * NR), b1 = _mm512_load_ps(b + p * NR + 16);
+        __m512 b2 = b0, b3 = b0;
+        if (NRV > 2) {
+            b2 = _mm512_load_ps(b + p * NR + 32);
+            b3 = _mm512_load_ps(b + p * NR + 48);
+        }
         ALL_ROWS(ROW_FMA)
     }
     if (cols == NR) {
@@ -266,7 +310,8 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
         }
         return;
     }
-    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
+    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
+                    m3 = lanes(cols - 48);
     if (beta == 0.0f) {
         ALL_ROWS(ROW_STORE_MASKED)
     } else {
@@ -359,7 +404,9 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                 const float beta_eff = pc == 0 ? beta : 1.0f;
                 for (int64_t ic = 0; ic < m; ic += bl.mb) {
                     const int64_t mbk = min64(m - ic, bl.mb);
-                    const int64_t mpan = ceil_div(mbk, MR);
+                    /* rows spread evenly over the panels (16 rows: 8 + 8, not 14 + 2): a
+                     * tile of few rows does few FMAs per load of B */
+                    const int64_t mpan = ceil_div(mbk, MR), h = ceil_div(mbk, mpan);
                     const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
 
                     /* pack: my column panels are shared with the tm threads of my
@@ -373,7 +420,7 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                     {
                         int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
                         for (int64_t q = lo; q < hi; q++)
-                            pack_a(trans_a, a, lda, ic + q * MR, pc, (int)min64(mbk - q * MR, MR),
+                            pack_a(trans_a, a, lda, ic + q * h, pc, (int)min64(mbk - q * h, h),
                                    kb, alpha, apack + q * MR * kb);
                     }
 #pragma omp barrier
@@ -382,9 +429,9 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                     for (int64_t cg = c0; cg < c1; cg += NG) {
                         const int64_t cg1 = min64(cg + NG, c1);
                         for (int64_t pr = r0; pr < r1; pr++) {
-                            const int rows = (int)min64(mbk - pr * MR, MR);
+                            const int rows = (int)min64(mbk - pr * h, h);
                             const float *ap = apack + pr * MR * kb;
-                            float *crow = c + (ic + pr * MR) * ldc + jc;
+                            float *crow = c + (ic + pr * h) * ldc + jc;
                             for (int64_t q = cg; q < cg1; q++)
                                 kernel(rows, kb, ap, bpack + q * NR * kb, crow + q * NR, ldc,
                                        (int)min64(nb - q * NR, NR), beta_eff);
