@@ -19,6 +19,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 CFLAGS_COMMON := -std=c11 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -Iinclude
 OPT           := -O3
 AVX2_FLAGS    := -mavx2 -mfma -Wa,-mbranches-within-32B-boundaries
+AVX512_FLAGS  := -mavx512f $(AVX2_FLAGS)
 SAN_FLAGS     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
 SRCS := $(wildcard src_c/*.c)
@@ -57,7 +58,7 @@ train: ext
 	$(PYTHON) -m minidl train --model cifar10_quick $(if $(DATA),--data $(DATA)) $(ARGS)
 
 # ---- the C library -------------------------------------------------------------------
-flags_for = $(if $(filter %_avx2.c,$(1)),$(AVX2_FLAGS))
+flags_for = $(if $(filter %_avx2.c,$(1)),$(AVX2_FLAGS))$(if $(filter %_avx512.c,$(1)),$(AVX512_FLAGS))
 
 $(BUILD)/obj/%.o: src_c/%.c $(HDRS)
 	@mkdir -p $(dir $@)

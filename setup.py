@@ -4,8 +4,9 @@ minidl/lib/libminidl.a -- and the public header is copied to minidl/include/,
 so that other tools can link the copy installed with the package
 (`python -m minidl --cflags --libs`).
 
-Files named *_avx2.c get -mavx2 -mfma; everything else is built for the
-baseline CPU, and the kernels pick the AVX2 versions at run time.
+Files named *_avx2.c get -mavx2 -mfma, files named *_avx512.c -mavx512f
+-mavx2 -mfma; everything else is built for the baseline CPU, and the kernels
+pick the AVX2 (or AVX-512) versions at run time.
 MINIDL_SANITIZE=1 builds with AddressSanitizer and UBSan.
 
 CUDA: when nvcc is found (on PATH or in $CUDA_HOME/bin) the kernels of
@@ -32,6 +33,7 @@ BASE_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fvisibility=hidden", "-Wall", "-W
 # -Wa,-mbranches-within-32B-boundaries keeps hot loops clear of the JCC-erratum
 # slowdown on Skylake-derived CPUs (GNU as).
 AVX2_FLAGS = ["-mavx2", "-mfma", "-Wa,-mbranches-within-32B-boundaries"]
+AVX512_FLAGS = ["-mavx512f"] + AVX2_FLAGS
 SANITIZE = os.environ.get("MINIDL_SANITIZE") == "1"
 if SANITIZE:
     BASE_FLAGS = [f for f in BASE_FLAGS if f != "-O3"] + [
@@ -110,10 +112,10 @@ class build_ext(_build_ext):
         x86 = os.uname().machine in ("x86_64", "AMD64", "i686")
         objects = []
         for src in CORE_SOURCES:
-            avx2 = src.endswith("_avx2.c")
-            if avx2 and not x86:
+            avx2, avx512 = src.endswith("_avx2.c"), src.endswith("_avx512.c")
+            if (avx2 or avx512) and not x86:
                 continue
-            flags = BASE_FLAGS + (AVX2_FLAGS if avx2 else [])
+            flags = BASE_FLAGS + (AVX2_FLAGS if avx2 else AVX512_FLAGS if avx512 else [])
             objects += cc.compile([src], output_dir=self.build_temp, include_dirs=["include"],
                                   depends=CORE_HEADERS, extra_postargs=flags + ["-fPIC"])
         lib_dir = os.path.join(self.build_lib, "minidl", "lib")

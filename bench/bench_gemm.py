@@ -1,46 +1,115 @@
-"""SGEMM throughput: minidl's kernel against NumPy's matmul (its BLAS), side by side.
+"""SGEMM throughput: minidl's kernels (one or more SIMD levels) against NumPy's matmul (its BLAS).
 
-    python3 bench/bench_gemm.py [--threads 2] [--rounds 9] [--json bench/results/gemm-DATE.json]
+    python3 bench/bench_gemm.py [--simd avx2,avx512] [--threads 2] [--rounds 7]
+                                [--json bench/results/gemm-DATE.json]
 
 Both run with the same thread count (the BLAS thread variables are set before
-NumPy is imported).  Each round times minidl then NumPy on the same operands
-(A B A B ...), each for at least --min-time seconds; the table shows the best
-round of each (the machine at its quietest) and the median over rounds of the
-per-round ratio minidl / NumPy.  Before each timed sample the bench sleeps
---settle seconds: OpenBLAS's worker threads busy-wait for about 0.1 s after a
-call (and OpenMP's for a shorter while), and on 2 cores spinning workers of
-one library halve the speed of the other.  minidl is called through minidl._C with a
-preallocated workspace, as the convolution layers call it.  Peak: 2 x 8-wide
-FMA per cycle per core, --ghz (default 2.6) x 32 FLOP x threads.
+NumPy is imported).  Each round times every selected minidl level, then NumPy,
+on the same operands (A B C A B C ...), each for at least --min-time seconds;
+the table shows the best round of each (the machine at its quietest) and the
+median over rounds of the per-round ratio minidl / NumPy.  Before each timed
+sample the bench sleeps --settle seconds: OpenBLAS's worker threads busy-wait
+for about 0.1 s after a call (and OpenMP's for a shorter while), and on 2 cores
+spinning workers of one library halve the speed of the other.  minidl is called
+through minidl._C with a preallocated workspace, as the convolution layers call
+it, with the transposes the convolution passes use.
+
+Peak: measured in the same run by bench/fma_peak.c (compiled here with cc, one
+copy per thread at the same time, the sum of the best of AVX2 and AVX-512 per
+copy); --ghz x 32 FLOP x threads only when that cannot be built or run.
+
+Shapes: squares 512, 1024, 2048; the im2col GEMMs of cifar10_quick (batch 100)
+and resnet20 (batch 128) with the chunking of src_c/conv.c (M = c_out, N = B
+images x h_out x w_out, K = c_in x kh x kw for the forward; M = K, K = c_out,
+A transposed for the data gradient; M = c_out, N = K, K = B x P, B transposed
+for the weight gradient); and the shapes of the earlier runs.
 """
 import argparse
 import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 from machine import cpu_model, git_commit  # bench/, the script's own directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CHUNK_FLOATS = 2 << 20  # src_c/conv.c: target size of a chunk's column + output buffers
 
-# (m, n, k): the square reference and im2col GEMMs of convolutions (c_out x hw x c_in*kh*kw)
-SHAPES = [(1024, 1024, 1024), (16, 1024, 27), (64, 1024, 576), (128, 256, 1152),
-          (256, 64, 2304), (128, 4096, 1152)]
+# (net, layer, batch, c_in, c_out, kernel, stride, pad, h_in)
+CONV_LAYERS = [
+    ("cifar10_quick", "conv1", 100, 3, 32, 5, 1, 2, 32),
+    ("cifar10_quick", "conv2", 100, 32, 32, 5, 1, 2, 16),
+    ("cifar10_quick", "conv3", 100, 32, 64, 5, 1, 2, 8),
+    ("resnet20", "conv1", 128, 3, 16, 3, 1, 1, 32),
+    ("resnet20", "16->16", 128, 16, 16, 3, 1, 1, 32),
+    ("resnet20", "32->32", 128, 32, 32, 3, 1, 1, 16),
+    ("resnet20", "64->64", 128, 64, 64, 3, 1, 1, 8),
+]
+
+
+def conv_gemms():
+    """(label, m, n, k, trans_a, trans_b) of the forward, data- and weight-gradient GEMMs
+    of a full chunk, as src_c/conv.c runs them."""
+    out = []
+    for net, layer, batch, c_in, c_out, ks, stride, pad, h in CONV_LAYERS:
+        ho = (h + 2 * pad - ks) // stride + 1
+        K, P = c_in * ks * ks, ho * ho
+        B = max(1, min(batch, CHUNK_FLOATS // ((K + c_out) * P)))
+        N = B * P
+        name = f"{net} {layer}"
+        out += [(f"{name} fwd", c_out, N, K, False, False),
+                (f"{name} bwd-data", K, N, c_out, True, False),
+                (f"{name} bwd-w", c_out, K, N, False, True)]
+    return out
+
+
+SHAPES = ([(f"square {s}", s, s, s, False, False) for s in (512, 1024, 2048)] + conv_gemms() +
+          [(f"earlier {m}x{n}x{k}", m, n, k, False, False)
+           for m, n, k in [(16, 1024, 27), (64, 1024, 576), (128, 256, 1152), (256, 64, 2304),
+                           (128, 4096, 1152)]])
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--simd", default="best",
+                   help="comma-separated minidl levels to time (scalar, avx2, avx512, best); "
+                        "default: the best this CPU has")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per timed sample")
     p.add_argument("--settle", type=float, default=0.3,
                    help="idle seconds before each sample, so the other library's threads stop spinning")
-    p.add_argument("--ghz", type=float, default=2.6, help="clock for the peak figure")
+    p.add_argument("--ghz", type=float, default=2.6,
+                   help="clock for the peak figure, only when fma_peak.c cannot be measured")
+    p.add_argument("--only", help="run only the shapes whose label contains this text")
     p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
     return p.parse_args()
+
+
+def measured_peak(threads):
+    """GFLOP/s of `threads` concurrent copies of bench/fma_peak.c (summed), with the
+    per-copy figures; None when it cannot be built or run."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "fma_peak")
+        try:
+            subprocess.run([cc, "-O3", "-funroll-loops", os.path.join(HERE, "fma_peak.c"), "-o", exe],
+                           check=True, capture_output=True)
+            procs = [subprocess.Popen([exe], stdout=subprocess.PIPE, text=True)
+                     for _ in range(threads)]
+            copies = [json.loads(p.communicate()[0]) for p in procs]
+        except (OSError, subprocess.CalledProcessError, ValueError):
+            return None
+    per_copy = [max(c["avx2_gflops"], c["avx512_gflops"]) for c in copies]
+    return sum(per_copy), copies
 
 
 def load_average() -> str:
@@ -84,50 +153,78 @@ def main():
     from minidl import _C
 
     minidl.set_num_threads(args.threads)
-    peak = args.ghz * 32 * args.threads
+    levels = [minidl.cpu_simd() if lv == "best" else lv for lv in args.simd.split(",")]
+    for lv in levels:
+        minidl.set_simd(lv)  # fails early on an unknown level or one the CPU lacks
+    measured = measured_peak(args.threads)
+    if measured is not None:
+        peak, peak_copies = measured
+        peak_how = f"measured by fma_peak.c, {args.threads} copies: " + ", ".join(
+            f"{max(c['avx2_gflops'], c['avx512_gflops']):.1f}" for c in peak_copies)
+    else:
+        peak, peak_copies = args.ghz * 32 * args.threads, None
+        peak_how = f"{args.ghz} GHz x 32 FLOP/cycle x {args.threads} cores (fma_peak.c not run)"
     rng = np.random.default_rng(0)
     rows = []
-    print(f"minidl {minidl.__version__} ({minidl.get_simd()}), NumPy {np.__version__} "
+    print(f"minidl {minidl.__version__} ({', '.join(levels)}), NumPy {np.__version__} "
           f"({numpy_blas(np)}), {args.threads} threads, {cpu_model()}")
-    print(f"{'m':>5} {'n':>5} {'k':>5} | {'minidl GF/s':>11} {'% peak':>6} | "
-          f"{'NumPy GF/s':>10} {'% peak':>6} | {'ratio':>5}")
-    for m, n, k in SHAPES:
-        a = rng.standard_normal((m, k)).astype(np.float32)
-        b = rng.standard_normal((k, n)).astype(np.float32)
+    print(f"peak {peak:.1f} GFLOP/s ({peak_how})")
+    head = "".join(f" | {lv + ' GF/s':>12} {'%pk':>4} {'ratio':>5}" for lv in levels)
+    print(f"{'shape':<32} {'m':>5} {'n':>5} {'k':>5} {'t':>2}{head} | {'NumPy GF/s':>10} {'%pk':>4}")
+    shapes = [s for s in SHAPES if args.only is None or args.only in s[0]]
+    for label, m, n, k, ta, tb in shapes:
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
         c = np.empty((m, n), np.float32)
         c_ref = np.empty((m, n), np.float32)
         ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
         fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+        lda, ldb = a.shape[1], b.shape[1]
+        at, bt = (a.T if ta else a), (b.T if tb else b)
 
         def run_minidl():
-            _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
+            _C.sgemm(ta, tb, m, n, k, 1.0, fa, lda, fb, ldb, 0.0, fc, n, ws)
 
         def run_numpy():
-            np.matmul(a, b, out=c_ref)
+            np.matmul(at, bt, out=c_ref)
 
-        run_minidl()
         run_numpy()
-        err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
-        assert err < 1e-4, f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
-        t_mdl, t_np = [], []
+        for lv in levels:
+            minidl.set_simd(lv)
+            run_minidl()
+            err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+            assert err < 1e-4, f"minidl ({lv}) and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
+        t_mdl = {lv: [] for lv in levels}
+        t_np = []
         for _ in range(args.rounds):
-            t_mdl.append(timed(run_minidl, args.min_time, args.settle))
+            for lv in levels:
+                minidl.set_simd(lv)
+                t_mdl[lv].append(timed(run_minidl, args.min_time, args.settle))
             t_np.append(timed(run_numpy, args.min_time, args.settle))
         flop = 2.0 * m * n * k
-        g_mdl, g_np = flop / min(t_mdl) / 1e9, flop / min(t_np) / 1e9
-        ratio = statistics.median(tn / tm for tm, tn in zip(t_mdl, t_np))
-        rows.append(dict(m=m, n=n, k=k, minidl_gflops=round(g_mdl, 2),
-                         numpy_gflops=round(g_np, 2), minidl_pct_peak=round(100 * g_mdl / peak, 1),
-                         numpy_pct_peak=round(100 * g_np / peak, 1),
-                         median_ratio=round(ratio, 3), rounds=args.rounds))
-        print(f"{m:5d} {n:5d} {k:5d} | {g_mdl:11.1f} {100 * g_mdl / peak:5.0f}% | "
-              f"{g_np:10.1f} {100 * g_np / peak:5.0f}% | {ratio:5.2f}")
-    print(f"peak: {peak:.0f} GFLOP/s ({args.ghz} GHz x 32 FLOP/cycle x {args.threads} cores, AVX2 FMA); "
-          "GF/s: best round; ratio: median of minidl / NumPy speed per round")
+        g_np = flop / min(t_np) / 1e9
+        row = dict(label=label, m=m, n=n, k=k, trans_a=ta, trans_b=tb, rounds=args.rounds,
+                   numpy_gflops=round(g_np, 2), numpy_pct_peak=round(100 * g_np / peak, 1),
+                   numpy_median_gflops=round(flop / statistics.median(t_np) / 1e9, 2))
+        line = f"{label:<32} {m:5d} {n:5d} {k:5d} {'T' if ta else 'N'}{'T' if tb else 'N'}"
+        for lv in levels:
+            g = flop / min(t_mdl[lv]) / 1e9
+            ratio = statistics.median(tn / tm for tm, tn in zip(t_mdl[lv], t_np))
+            row[lv] = dict(gflops=round(g, 2), pct_peak=round(100 * g / peak, 1),
+                           median_gflops=round(flop / statistics.median(t_mdl[lv]) / 1e9, 2),
+                           median_ratio_vs_numpy=round(ratio, 3))
+            line += f" | {g:12.1f} {100 * g / peak:3.0f}% {ratio:5.2f}"
+        rows.append(row)
+        print(f"{line} | {g_np:10.1f} {100 * g_np / peak:3.0f}%", flush=True)
+    minidl.set_simd(minidl.cpu_simd())
+    print(f"GF/s: best round; %pk: of the peak above; ratio: median of minidl / NumPy speed per "
+          f"round; t: transposes of A and B")
     if args.json:
-        info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=peak, settle_s=args.settle,
+        info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=round(peak, 1),
+                    peak_source=peak_how, peak_copies=peak_copies, settle_s=args.settle,
                     numpy=np.__version__, numpy_blas=numpy_blas(np), minidl=minidl.__version__,
-                    simd=minidl.get_simd(), python=platform.python_version(),
+                    simd_levels=levels, cpu_simd=minidl.cpu_simd(),
+                    python=platform.python_version(),
                     date=datetime.datetime.now().isoformat(timespec="seconds"),
                     git_commit=git_commit(short=False), loadavg=load_average())
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -8,7 +8,9 @@
  * cross-entropy, dropout and optimizer steps.  Every kernel works on raw
  * float32 pointers in NCHW layout with explicit shapes, has a forward and a
  * backward, and comes in two versions: a plain scalar reference and an
- * AVX2+FMA version, chosen at run time from CPU feature detection.
+ * AVX2+FMA version, chosen at run time from CPU feature detection.  On CPUs
+ * with AVX-512F a third level uses an AVX-512 SGEMM (and the AVX2 versions
+ * of every other kernel).
  *
  * Conventions
  * -----------
@@ -26,7 +28,7 @@
  *  - Threads: OpenMP, count from mdl_set_num_threads() or the environment
  *    variable MINIDL_NUM_THREADS; by default the cores this process may use.
  *  - SIMD: the best available version is used unless mdl_set_simd() or the
- *    environment variable MINIDL_SIMD (scalar | avx2) asks otherwise.
+ *    environment variable MINIDL_SIMD (scalar | avx2 | avx512) asks otherwise.
  *
  * Example
  * -------
@@ -95,10 +97,12 @@ MDL_API mdl_status mdl_set_min_parallel_work(int64_t work);
 
 typedef enum mdl_simd {
     MDL_SIMD_SCALAR = 0,     /* plain C reference kernels */
-    MDL_SIMD_AVX2 = 1        /* AVX2 + FMA kernels */
+    MDL_SIMD_AVX2 = 1,       /* AVX2 + FMA kernels */
+    MDL_SIMD_AVX512 = 2      /* AVX-512F SGEMM (the GEMM-based ops too); AVX2 + FMA elsewhere */
 } mdl_simd;
 
-/* The best level this CPU supports. */
+/* The best level this CPU supports (AVX-512 needs AVX-512F, AVX2 and FMA).
+ * Each level includes the ones below it. */
 MDL_API mdl_simd mdl_cpu_simd(void);
 /* Select the kernels to use; MDL_ERR_UNSUPPORTED if the CPU lacks the level. */
 MDL_API mdl_status mdl_set_simd(mdl_simd level);

@@ -19,6 +19,7 @@ cdef extern from "minidl.h" nogil:
     ctypedef enum mdl_simd:
         MDL_SIMD_SCALAR
         MDL_SIMD_AVX2
+        MDL_SIMD_AVX512
     mdl_simd mdl_cpu_simd()
     mdl_status mdl_set_simd(mdl_simd level)
     mdl_simd mdl_get_simd()

@@ -57,11 +57,13 @@ def set_min_parallel_work(int64_t work):
     check(mdl_set_min_parallel_work(work))
 
 
-SIMD_LEVELS = {"scalar": MDL_SIMD_SCALAR, "avx2": MDL_SIMD_AVX2}
+SIMD_LEVELS = {"scalar": MDL_SIMD_SCALAR, "avx2": MDL_SIMD_AVX2, "avx512": MDL_SIMD_AVX512}
+_SIMD_NAMES = {v: k for k, v in SIMD_LEVELS.items()}
 
 
 def cpu_simd():
-    return "avx2" if mdl_cpu_simd() == MDL_SIMD_AVX2 else "scalar"
+    """The best kernel level of this CPU: "scalar", "avx2" or "avx512"."""
+    return _SIMD_NAMES[mdl_cpu_simd()]
 
 
 def set_simd(str level):
@@ -71,7 +73,7 @@ def set_simd(str level):
 
 
 def get_simd():
-    return "avx2" if mdl_get_simd() == MDL_SIMD_AVX2 else "scalar"
+    return _SIMD_NAMES[mdl_get_simd()]
 
 
 # ---- gemm ---------------------------------------------------------------------

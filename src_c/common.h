@@ -28,8 +28,10 @@ mdl_status mdl_error(mdl_status status, const char *fmt, ...)
 #define MDL_CHECK_POS(v) \
     MDL_CHECK((v) >= 1, "%s: %s must be >= 1, got %lld", __func__, #v, (long long)(v))
 
-/* True when the AVX2+FMA kernels are selected. */
+/* True when the AVX2+FMA kernels are selected (the AVX2 and the AVX-512 levels). */
 int mdl_use_avx2(void);
+/* True when the AVX-512 level is selected (the SGEMM has an AVX-512 version). */
+int mdl_use_avx512(void);
 /* Threads to use for a region doing `work` scalar operations: 1 below the
  * mdl_set_min_parallel_work threshold, else the configured count. */
 int mdl_threads_for(double work);

@@ -23,10 +23,14 @@ void mdl_sgemm_scalar(int trans_a, int trans_b, int64_t i0, int64_t i1, int64_t 
     }
 }
 
+/* Enough for either SIMD kernel, so a workspace sized once fits whatever level is
+ * selected later. */
 size_t mdl_sgemm_workspace_size(int64_t m, int64_t n, int64_t k)
 {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
-    return mdl_sgemm_avx2_workspace_floats(m, n, k) * sizeof(float) + MDL_WS_SLACK;
+    size_t f2 = mdl_sgemm_avx2_workspace_floats(m, n, k);
+    size_t f5 = mdl_sgemm_avx512_workspace_floats(m, n, k);
+    return (f2 > f5 ? f2 : f5) * sizeof(float) + MDL_WS_SLACK;
 }
 
 mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -59,7 +63,10 @@ mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, 
         mdl_status st = mdl_workspace("mdl_sgemm", workspace, workspace_bytes,
                                       mdl_sgemm_workspace_size(m, n, k), &owned, &ws);
         if (st != MDL_OK) return st;
-        mdl_sgemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
+        if (mdl_use_avx512())
+            mdl_sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
+        else
+            mdl_sgemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
         mdl_free(owned);
         return MDL_OK;
     }

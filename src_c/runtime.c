@@ -118,17 +118,19 @@ mdl_simd mdl_cpu_simd(void)
 {
 #if MDL_X86 && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MDL_SIMD_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return __builtin_cpu_supports("avx512f") ? MDL_SIMD_AVX512 : MDL_SIMD_AVX2;
 #endif
     return MDL_SIMD_SCALAR;
 }
 
 mdl_status mdl_set_simd(mdl_simd level)
 {
-    if (level != MDL_SIMD_SCALAR && level != MDL_SIMD_AVX2)
+    if (level != MDL_SIMD_SCALAR && level != MDL_SIMD_AVX2 && level != MDL_SIMD_AVX512)
         return mdl_error(MDL_ERR_ARG, "mdl_set_simd: unknown level %d", (int)level);
     if (level > mdl_cpu_simd())
-        return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_set_simd: this CPU (or build) lacks AVX2+FMA");
+        return mdl_error(MDL_ERR_UNSUPPORTED, "mdl_set_simd: this CPU (or build) lacks %s",
+                         level == MDL_SIMD_AVX512 ? "AVX-512F" : "AVX2+FMA");
     __atomic_store_n(&simd_level, (int)level, __ATOMIC_RELAXED);
     return MDL_OK;
 }
@@ -138,14 +140,17 @@ mdl_simd mdl_get_simd(void)
     int level = __atomic_load_n(&simd_level, __ATOMIC_RELAXED);
     if (level < 0) {
         level = (int)mdl_cpu_simd();
+        /* MINIDL_SIMD lowers the level; a level the CPU lacks (or an unknown name) is ignored */
         const char *env = getenv("MINIDL_SIMD");
         if (env && strcmp(env, "scalar") == 0) level = MDL_SIMD_SCALAR;
+        else if (env && strcmp(env, "avx2") == 0 && level >= MDL_SIMD_AVX2) level = MDL_SIMD_AVX2;
         __atomic_store_n(&simd_level, level, __ATOMIC_RELAXED);
     }
     return (mdl_simd)level;
 }
 
-int mdl_use_avx2(void) { return mdl_get_simd() == MDL_SIMD_AVX2; }
+int mdl_use_avx2(void) { return mdl_get_simd() >= MDL_SIMD_AVX2; }
+int mdl_use_avx512(void) { return mdl_get_simd() >= MDL_SIMD_AVX512; }
 
 /* ---- memory --------------------------------------------------------------- */
 

@@ -12,12 +12,14 @@ _expect = os.environ.get("MINIDL_EXPECT_PATH")
 if _expect and not os.path.abspath(minidl.__file__).startswith(_expect):
     raise RuntimeError(f"expected minidl from {_expect}, imported {minidl.__file__}")
 
-SIMD_LEVELS = ["scalar"] + (["avx2"] if minidl.cpu_simd() == "avx2" else [])
+# every level this CPU has, lowest first: scalar, avx2, avx512
+_ALL_LEVELS = ["scalar", "avx2", "avx512"]
+SIMD_LEVELS = _ALL_LEVELS[:_ALL_LEVELS.index(minidl.cpu_simd()) + 1]
 
 
 @pytest.fixture(params=SIMD_LEVELS)
 def simd(request):
-    """Run the test once per kernel version (scalar reference, AVX2)."""
+    """Run the test once per kernel version (scalar reference, AVX2, AVX-512)."""
     minidl.set_simd(request.param)
     yield request.param
     minidl.set_simd(minidl.cpu_simd())

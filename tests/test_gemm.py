@@ -1,8 +1,12 @@
-"""ops.sgemm against the float64 reference, on the scalar and AVX2 paths, 1 and 2 threads.
+"""ops.sgemm against the float64 reference, on every SIMD level (scalar, AVX2, AVX-512
+where the CPU has it), 1 and 2 threads.
 
 The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows of
 C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
-4096, tiles of 6 x 16.  The shapes below cross each of these boundaries.
+4096, tiles of 6 x 16.  The AVX-512 kernel: K in blocks of up to 384, rows in
+packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, tiles
+of 14 x 32 with masked column edges.  The shapes below cross each of these
+boundaries.
 """
 import numpy as np
 import pytest
@@ -25,7 +29,15 @@ MIXED = [
     (1540, 17, 4),    # two row packing steps (1536)
     (9, 4100, 3),     # two column steps (4096)
     (16, 1024, 27),   # a convolution-like shape: small M, wide N
+    (29, 257, 385),   # AVX-512: 14-row tiles + 1, a column group (256) + 1, two K blocks
+    (1541, 33, 5),    # AVX-512: two row packing steps (1540), a masked column tile
+    (64, 31, 770),    # three AVX-512 K blocks; N below one 32-column tile
 ]
+
+# edge sizes: every row count of a tile, column counts around 16 and 32
+EDGE_M = [1, 2, 5, 6, 7, 12, 13, 14, 15, 16, 27, 28, 29, 43, 70]
+EDGE_NK = [(1, 1), (3, 70), (8, 9), (15, 16), (16, 17), (17, 33), (31, 8), (32, 3),
+           (33, 64), (47, 2), (48, 31), (63, 1), (64, 65), (65, 20), (70, 69)]
 
 
 def operands(rng, m, n, k, trans_a, trans_b):
@@ -41,6 +53,27 @@ def test_sgemm(simd, threads, rng, m, n, k, trans_a, trans_b):
     got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b)
     assert got.shape == (m, n) and got.dtype == np.float32
     assert_close(got, ref.sgemm(a, b, trans_a, trans_b), "gemm", f"sgemm {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m", EDGE_M)
+def test_sgemm_edge_sizes(simd, threads, rng, m, trans_a, trans_b):
+    """m, n, k from 1 to 70, alpha and beta, C a view with ldc > n."""
+    for n, k in EDGE_NK:
+        a, b = operands(rng, m, n, k, trans_a, trans_b)
+        got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b)
+        assert_close(got, ref.sgemm(a, b, trans_a, trans_b), "gemm", f"sgemm {m}x{n}x{k}")
+        wide = f32(rng, m, n + 5)
+        ldc = n + 5
+        c = wide[:, :n].copy()
+        fa = np.ascontiguousarray(a).reshape(-1)
+        fb = np.ascontiguousarray(b).reshape(-1)
+        out = wide.copy().reshape(-1)
+        _C.sgemm(trans_a, trans_b, m, n, k, -0.5, fa, a.shape[1], fb, b.shape[1], 0.75, out, ldc)
+        out = out.reshape(m, ldc)
+        assert_close(out[:, :n], ref.sgemm(a, b, trans_a, trans_b, -0.5, 0.75, c), "gemm",
+                     f"sgemm ldc {m}x{n}x{k}")
+        np.testing.assert_array_equal(out[:, n:], wide[:, n:])  # the padding is untouched
 
 
 @pytest.mark.parametrize("trans_a,trans_b", TRANS)
@@ -84,9 +117,10 @@ def test_sgemm_nan_in_inputs_propagates(simd):
     assert np.isnan(got[3]).all() and np.isfinite(np.delete(got, 3, axis=0)).all()
 
 
-def test_sgemm_same_result_for_any_thread_count(rng):
-    """The AVX2 kernel sums each element in the same order whatever the thread grid."""
-    a, b = f32(rng, 130, 333), f32(rng, 333, 200)
+@pytest.mark.parametrize("m,n,k", [(130, 200, 333), (16, 2000, 800), (256, 64, 2304)])
+def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k):
+    """Each SIMD kernel sums each element in the same order whatever the thread grid."""
+    a, b = f32(rng, m, k), f32(rng, k, n)
     before = minidl.get_num_threads()
     try:
         results = []
@@ -97,6 +131,25 @@ def test_sgemm_same_result_for_any_thread_count(rng):
         minidl.set_num_threads(before)
     for r in results[1:]:
         np.testing.assert_array_equal(r, results[0])
+
+
+def test_sgemm_workspace_fits_every_level(rng):
+    """The workspace size is one for all levels: a buffer sized under one level
+    serves a call made under another."""
+    m, n, k = 50, 300, 400
+    a, b = f32(rng, m, k), f32(rng, k, n)
+    size = _C.sgemm_workspace_size(m, n, k)
+    try:
+        levels = ["scalar", "avx2", "avx512"]
+        for level in levels[:levels.index(minidl.cpu_simd()) + 1]:
+            minidl.set_simd(level)
+            assert _C.sgemm_workspace_size(m, n, k) == size
+            c = np.empty((m, n), np.float32)
+            _C.sgemm(False, False, m, n, k, 1.0, a.reshape(-1), k, b.reshape(-1), n, 0.0,
+                     c.reshape(-1), n, np.empty(size // 4, np.float32))
+            assert_close(c, ref.sgemm(a, b), "gemm")
+    finally:
+        minidl.set_simd(minidl.cpu_simd())
 
 
 def test_sgemm_non_contiguous_and_float64_inputs(simd, rng):

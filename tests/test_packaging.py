@@ -56,9 +56,12 @@ def test_version_and_threads():
 @pytest.mark.parametrize("env, expect", [
     ({"MINIDL_NUM_THREADS": "3"}, "3 "),
     ({"MINIDL_SIMD": "scalar"}, " scalar"),
+    ({"MINIDL_SIMD": "avx2"}, " scalar" if minidl.cpu_simd() == "scalar" else " avx2"),
+    ({"MINIDL_SIMD": "avx512"}, " " + minidl.cpu_simd()),
 ])
 def test_environment_variables(env, expect):
-    """MINIDL_NUM_THREADS sets the default thread count, MINIDL_SIMD=scalar the kernels."""
+    """MINIDL_NUM_THREADS sets the default thread count, MINIDL_SIMD the kernels (never
+    above what the CPU has)."""
     code = "import minidl; print(minidl.get_num_threads(), minidl.get_simd())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, **env}, cwd=os.path.dirname(HERE)).stdout

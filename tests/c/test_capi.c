@@ -148,9 +148,9 @@ static void test_errors(void)
 
 int main(void)
 {
-    printf("minidl %s, cpu simd %s, %d threads\n", mdl_version(),
-           mdl_cpu_simd() == MDL_SIMD_AVX2 ? "avx2" : "scalar", mdl_get_num_threads());
-    const char *names[] = {"scalar", "avx2"};
+    const char *names[] = {"scalar", "avx2", "avx512"};
+    printf("minidl %s, cpu simd %s, %d threads\n", mdl_version(), names[mdl_cpu_simd()],
+           mdl_get_num_threads());
     for (int level = MDL_SIMD_SCALAR; level <= (int)mdl_cpu_simd(); level++) {
         if (mdl_set_simd((mdl_simd)level) != MDL_OK) return 2;
         test_gemm(names[level]);

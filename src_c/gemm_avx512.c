@@ -1,0 +1,446 @@
+/* gemm_avx512.c -- blocked AVX-512F SGEMM (compiled with -mavx512f -mavx2 -mfma).
+ *
+ * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, the same contract as
+ * gemm_avx2.c (see gemm.h), BLIS-style:
+ *
+ *   for jc over N in blocks of nc            B panel  (kc x nc) shared
+ *     for pc over K in blocks of kc
+ *       for ic over M in blocks of mb        A block  (mb x kc) shared
+ *         pack B (when ic == 0) and A, cooperatively; barrier
+ *         each thread: its rows x its columns of the block, in column groups
+ *           of NG micro-panels (kc x NG*NR, L2); inside a group one A
+ *           micro-panel (MR x kc, L1) meets each B micro-panel in turn
+ *         barrier
+ *
+ * Packed A holds alpha * op(A) in micro-panels of MR rows (p-major, rows
+ * padded with zeros); packed B holds op(B) in micro-panels of NR = 32 columns
+ * (p-major, columns padded with zeros).  The micro-kernel keeps an MR x 32
+ * tile of C in 2 * MR zmm accumulators (MR = 14: 28 of the 32 registers) and
+ * takes A as broadcast memory operands of the FMAs.  Tiles with fewer rows use
+ * the same kernel specialised for that row count; tiles with fewer columns
+ * load and store C through lane masks.  The first K block applies beta
+ * (beta == 0 stores without reading C), later ones add, so every element of C
+ * is summed in the same order whatever the thread count.
+ *
+ * On Zen 4 a 512-bit FMA issues as two 256-bit halves, so the arithmetic peak
+ * is that of AVX2; what AVX-512 buys is the register count (a 14 x 32 tile:
+ * 28 FMAs per 2 loads of B, against 12 per 2 in the 6 x 16 AVX2 tile) and the
+ * masked edges. */
+#include "common.h"
+#if MDL_X86
+#include <immintrin.h>
+#include <string.h>
+#ifdef _OPENMP
+#  include <omp.h>
+#endif
+#include "gemm.h"
+
+#ifndef MR
+#  define MR 14      /* rows of a micro-tile (<= 14: 2 * MR accumulators + B + spare) */
+#endif
+#ifndef NRV
+#  define NRV 2      /* zmm vectors per row of a micro-tile (2 or 4) */
+#endif
+#define NR (16 * NRV)  /* columns of a micro-tile: 32 (a 6 x 64 tile measured no faster) */
+#ifndef KC_MAX
+#  define KC_MAX 384 /* A micro-panel MR x kc floats: 21 KiB at MR = 14, stays in L1 */
+#endif
+#ifndef NG
+#  define NG 8       /* B micro-panels per column group: 8 x 32 x 384 floats = 384 KiB, in L2 */
+#endif
+#define MB_MAX (MR * 110)  /* rows of A packed per step (1540 at MR = 14) */
+#define NC_MAX 4096        /* columns of B packed per step */
+
+typedef struct blocking {
+    int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
+} blocking;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Blocks of nearly equal size no larger than the maxima. */
+static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
+{
+    blocking bl;
+    bl.kc = ceil_div(k, ceil_div(k, KC_MAX));
+    bl.mb = round_up(ceil_div(m, ceil_div(m, MB_MAX)), MR);
+    bl.nc = round_up(ceil_div(n, ceil_div(n, NC_MAX)), NR);
+    return bl;
+}
+
+size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k)
+{
+    if (m <= 0 || n <= 0 || k <= 0) return 0;
+    blocking bl = plan_blocks(m, n, k);
+    /* B panel first: its size is a multiple of 32 floats, so A stays 64-byte aligned */
+    return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
+}
+
+/* The lowest `count` lanes (count clamped to [0, 16]). */
+static inline __mmask16 lanes(int64_t count)
+{
+    return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
+}
+
+/* ---- packing ------------------------------------------------------------------ */
+
+/* In-register transpose of 8 rows of 8 floats. */
+static inline void transpose8x8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* Store the low `count` floats of an 8-wide vector (count <= 8). */
+static inline void store8_lanes(float *dst, __m256 v, int count)
+{
+    if (count == 8) _mm256_storeu_ps(dst, v);
+    else _mm512_mask_storeu_ps(dst, lanes(count), _mm512_castps256_ps512(v));
+}
+
+/* One A micro-panel: dst[p * MR + r] = alpha * op(A)[i0 + r][p0 + p] for
+ * r < rows (zero for rows <= r < MR), p < kc. */
+static void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                   int rows, int64_t kc, float alpha, float *restrict dst)
+{
+    if (trans_a) { /* op(A)[i][p] = a[p * lda + i]: rows contiguous floats per p */
+        const __m512 va = _mm512_set1_ps(alpha);
+        const __mmask16 in = lanes(rows), out = lanes(MR);
+        for (int64_t p = 0; p < kc; p++) {
+            __m512 v = _mm512_maskz_loadu_ps(in, a + (p0 + p) * lda + i0);
+            _mm512_mask_storeu_ps(dst + p * MR, out, _mm512_mul_ps(va, v));
+        }
+        return;
+    }
+    /* op(A)[i][p] = a[i * lda + p]: rows are contiguous in p; transpose 8 x 8
+     * blocks, rows [0, 8) and [8, MR) */
+    const float *src[16];
+    for (int r = 0; r < 16; r++) src[r] = a + (i0 + (r < rows ? r : 0)) * lda + p0;
+    const __m256 va = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+        for (int h = 0; h * 8 < MR; h++) {
+            __m256 v[8];
+            for (int r = 0; r < 8; r++)
+                v[r] = h * 8 + r < rows ? _mm256_mul_ps(va, _mm256_loadu_ps(src[h * 8 + r] + p))
+                                        : zero;
+            transpose8x8(v);
+            const int width = MR - h * 8 < 8 ? MR - h * 8 : 8;
+            for (int q = 0; q < 8; q++) store8_lanes(dst + (p + q) * MR + h * 8, v[q], width);
+        }
+    }
+    for (; p < kc; p++) {
+        float *d = dst + p * MR;
+        int r = 0;
+        for (; r < rows; r++) d[r] = alpha * src[r][p];
+        for (; r < MR; r++) d[r] = 0.0f;
+    }
+}
+
+/* One B micro-panel: dst[p * NR + j] = op(B)[p0 + p][j0 + j] for j < cols
+ * (zero for cols <= j < NR), p < kc. */
+static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t p0,
+                   int cols, int64_t kc, float *restrict dst)
+{
+    if (!trans_b) { /* op(B)[p][j] = b[p * ldb + j]: NR contiguous floats per p */
+        const float *src = b + p0 * ldb + j0;
+        if (cols == NR) {
+            for (int64_t p = 0; p < kc; p++)
+                for (int v = 0; v < NRV; v++)
+                    _mm512_store_ps(dst + p * NR + 16 * v, _mm512_loadu_ps(src + p * ldb + 16 * v));
+        } else {
+            __mmask16 mk[NRV];
+            for (int v = 0; v < NRV; v++) mk[v] = lanes(cols - 16 * v);
+            for (int64_t p = 0; p < kc; p++)
+                for (int v = 0; v < NRV; v++)
+                    _mm512_store_ps(dst + p * NR + 16 * v,
+                                    _mm512_maskz_loadu_ps(mk[v], src + p * ldb + 16 * v));
+        }
+        return;
+    }
+    /* op(B)[p][j] = b[j * ldb + p]: columns of op(B) are contiguous in p.  16
+     * columns at a time over all of kc, so that no more than 16 source rows are
+     * streamed at once (the hardware prefetchers track a limited number) */
+    const float *src[NR];
+    for (int j = 0; j < NR; j++) src[j] = b + (j0 + (j < cols ? j : 0)) * ldb + p0;
+    const __m256 zero = _mm256_setzero_ps();
+    const int64_t kc8 = kc & ~(int64_t)7;
+    for (int hh = 0; hh < NR / 16; hh++) {
+        if (hh * 16 >= cols) {
+            for (int64_t p = 0; p < kc8; p++) _mm512_store_ps(dst + p * NR + hh * 16, _mm512_setzero_ps());
+            continue;
+        }
+        for (int64_t p = 0; p < kc8; p += 8) {
+            for (int h = 2 * hh; h < 2 * hh + 2; h++) {
+                __m256 v[8];
+                for (int j = 0; j < 8; j++)
+                    v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
+                transpose8x8(v);
+                for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
+            }
+        }
+    }
+    for (int64_t p = kc8; p < kc; p++) {
+        int j = 0;
+        for (; j < cols; j++) dst[p * NR + j] = src[j][p];
+        for (; j < NR; j++) dst[p * NR + j] = 0.0f;
+    }
+}
+
+/* ---- micro-kernel ------------------------------------------------------------- */
+
+/* C tile (ROWS x cols, ROWS <= MR, cols <= NR) = packed A micro-panel @ packed
+ * B micro-panel + beta * C (beta == 0: C is not read).  Named accumulators
+ * (not an array) so that they stay in registers; rows >= ROWS fold away. */
+#define ROW_FMA(r)                                                            \
+    if (ROWS > r) {                                                           \
+        const __m512 av = _mm512_set1_ps(a[p * MR + r]);                      \
+        c##r##_0 = _mm512_fmadd_ps(av, b0, c##r##_0);                         \
+        c##r##_1 = _mm512_fmadd_ps(av, b1, c##r##_1);                         \
+        if (NRV > 2) {                                                        \
+            c##r##_2 = _mm512_fmadd_ps(av, b2, c##r##_2);                     \
+            c##r##_3 = _mm512_fmadd_ps(av, b3, c##r##_3);                     \
+        }                                                                     \
+    }
+#define ROW_STORE(r)                                                          \
+    if (ROWS > r) {                                                           \
+        _mm512_storeu_ps(c + r * ldc, c##r##_0);                              \
+        _mm512_storeu_ps(c + r * ldc + 16, c##r##_1);                         \
+        if (NRV > 2) {                                                        \
+            _mm512_storeu_ps(c + r * ldc + 32, c##r##_2);                     \
+            _mm512_storeu_ps(c + r * ldc + 48, c##r##_3);                     \
+        }                                                                     \
+    }
+#define ROW_UPDATE(r)                                                         \
+    if (ROWS > r) {                                                           \
+        float *cr = c + r * ldc;                                              \
+        _mm512_storeu_ps(cr, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr), c##r##_0));           \
+        _mm512_storeu_ps(cr + 16, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 16), c##r##_1)); \
+        if (NRV > 2) {                                                        \
+            _mm512_storeu_ps(cr + 32, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 32), c##r##_2)); \
+            _mm512_storeu_ps(cr + 48, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr + 48), c##r##_3)); \
+        }                                                                     \
+    }
+#define ROW_STORE_MASKED(r)                                                   \
+    if (ROWS > r) {                                                           \
+        _mm512_mask_storeu_ps(c + r * ldc, m0, c##r##_0);                     \
+        _mm512_mask_storeu_ps(c + r * ldc + 16, m1, c##r##_1);                \
+        if (NRV > 2) {                                                        \
+            _mm512_mask_storeu_ps(c + r * ldc + 32, m2, c##r##_2);            \
+            _mm512_mask_storeu_ps(c + r * ldc + 48, m3, c##r##_3);            \
+        }                                                                     \
+    }
+#define ROW_UPDATE_MASKED(r)                                                  \
+    if (ROWS > r) {                                                           \
+        float *cr = c + r * ldc;                                              \
+        _mm512_mask_storeu_ps(cr, m0,                                         \
+            _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), c##r##_0));    \
+        _mm512_mask_storeu_ps(cr + 16, m1,                                    \
+            _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), c##r##_1)); \
+        if (NRV > 2) {                                                        \
+            _mm512_mask_storeu_ps(cr + 32, m2,                                \
+                _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m2, cr + 32), c##r##_2)); \
+            _mm512_mask_storeu_ps(cr + 48, m3,                                \
+                _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m3, cr + 48), c##r##_3)); \
+        }                                                                     \
+    }
+#define ALL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#define ROW_PREFETCH(r)                                                       \
+    if (ROWS > r) {                                                           \
+        _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);               \
+        _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);      \
+        if (NRV > 2) {                                                        \
+            _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);      \
+            _mm_prefetch((const char *)(c + r * ldc + 32), _MM_HINT_T0);      \
+        }                                                                     \
+    }
+
+#if MR > 14 || NRV * MR > 28 || (NRV != 2 && NRV != 4)
+#  error "the micro-kernel holds 28 accumulators: MR <= 14 rows of 2 or MR <= 7 of 4 vectors"
+#endif
+
+static inline __attribute__((always_inline)) void
+kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
+            float *c, int64_t ldc, int cols, float beta)
+{
+    __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0;
+    __m512 c2_1 = c0_0, c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0;
+    __m512 c5_1 = c0_0, c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0;
+    __m512 c8_1 = c0_0, c9_0 = c0_0, c9_1 = c0_0, c10_0 = c0_0, c10_1 = c0_0, c11_0 = c0_0;
+    __m512 c11_1 = c0_0, c12_0 = c0_0, c12_1 = c0_0, c13_0 = c0_0, c13_1 = c0_0;
+    /* the third and fourth vectors of each row, for NRV == 4 (MR <= 7) */
+    __m512 c0_2 = c0_0, c0_3 = c0_0, c1_2 = c0_0, c1_3 = c0_0, c2_2 = c0_0, c2_3 = c0_0;
+    __m512 c3_2 = c0_0, c3_3 = c0_0, c4_2 = c0_0, c4_3 = c0_0, c5_2 = c0_0, c5_3 = c0_0;
+    __m512 c6_2 = c0_0, c6_3 = c0_0;
+    __m512 c7_2 = c0_0, c7_3 = c0_0, c8_2 = c0_0, c8_3 = c0_0, c9_2 = c0_0, c9_3 = c0_0;
+    __m512 c10_2 = c0_0, c10_3 = c0_0, c11_2 = c0_0, c11_3 = c0_0, c12_2 = c0_0, c12_3 = c0_0;
+    __m512 c13_2 = c0_0, c13_3 = c0_0;
+    ALL_ROWS(ROW_PREFETCH)
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; p++) {
+        const __m512 b0 = _mm512_load_ps(b + p * NR), b1 = _mm512_load_ps(b + p * NR + 16);
+        __m512 b2 = b0, b3 = b0;
+        if (NRV > 2) {
+            b2 = _mm512_load_ps(b + p * NR + 32);
+            b3 = _mm512_load_ps(b + p * NR + 48);
+        }
+        ALL_ROWS(ROW_FMA)
+    }
+    if (cols == NR) {
+        if (beta == 0.0f) {
+            ALL_ROWS(ROW_STORE)
+        } else {
+            const __m512 vb = _mm512_set1_ps(beta);
+            ALL_ROWS(ROW_UPDATE)
+        }
+        return;
+    }
+    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
+                    m3 = lanes(cols - 48);
+    if (beta == 0.0f) {
+        ALL_ROWS(ROW_STORE_MASKED)
+    } else {
+        const __m512 vb = _mm512_set1_ps(beta);
+        ALL_ROWS(ROW_UPDATE_MASKED)
+    }
+}
+
+static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                   int cols, float beta)
+{
+    switch (rows) {
+#if MR >= 14
+    case 14: kernel_rows(14, kc, a, b, c, ldc, cols, beta); break;
+#endif
+#if MR >= 13
+    case 13: kernel_rows(13, kc, a, b, c, ldc, cols, beta); break;
+#endif
+#if MR >= 12
+    case 12: kernel_rows(12, kc, a, b, c, ldc, cols, beta); break;
+#endif
+#if MR >= 11
+    case 11: kernel_rows(11, kc, a, b, c, ldc, cols, beta); break;
+#endif
+#if MR >= 10
+    case 10: kernel_rows(10, kc, a, b, c, ldc, cols, beta); break;
+#endif
+#if MR >= 9
+    case 9: kernel_rows(9, kc, a, b, c, ldc, cols, beta); break;
+#endif
+    case 8: kernel_rows(8, kc, a, b, c, ldc, cols, beta); break;
+    case 7: kernel_rows(7, kc, a, b, c, ldc, cols, beta); break;
+    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta); break;
+    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta); break;
+    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta); break;
+    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta); break;
+    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta); break;
+    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta); break;
+    }
+}
+
+/* ---- driver ------------------------------------------------------------------- */
+
+/* Thread grid tm x tn (tm * tn == nt) minimising the largest per-thread tile
+ * count for an mt x ntl tile block; ties go to the split over N (rows of A
+ * stay whole, so the threads share one packed A block). */
+static void choose_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *tn)
+{
+    int64_t best = -1;
+    for (int d = 1; d <= nt; d++) {
+        if (nt % d) continue;
+        int64_t cost = ceil_div(mt, d) * ceil_div(ntl, nt / d);
+        if (best < 0 || cost < best) {
+            best = cost;
+            *tm = d;
+            *tn = nt / d;
+        }
+    }
+}
+
+void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc, float *ws)
+{
+    const blocking bl = plan_blocks(m, n, k);
+    float *const bpack = ws;
+    float *const apack = ws + bl.kc * bl.nc;
+    const int64_t mt = ceil_div(min64(bl.mb, m), MR), ntl = ceil_div(min64(bl.nc, n), NR);
+    /* one thread below ~0.5M multiply-adds; never more threads than tiles */
+    int nt = mdl_threads_for((double)m * n * k / 8.0);
+    if (nt > mt * ntl) nt = (int)(mt * ntl);
+
+#pragma omp parallel num_threads(nt)
+    {
+        int T = 1, t = 0;
+#ifdef _OPENMP
+        T = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
+        int tm = 1, tn = 1;
+        choose_grid(T, mt, ntl, &tm, &tn);
+        const int ti = t / tn, tj = t % tn;
+
+        for (int64_t jc = 0; jc < n; jc += bl.nc) {
+            const int64_t nb = min64(n - jc, bl.nc);
+            const int64_t npan = ceil_div(nb, NR);
+            const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
+            for (int64_t pc = 0; pc < k; pc += bl.kc) {
+                const int64_t kb = min64(k - pc, bl.kc);
+                const float beta_eff = pc == 0 ? beta : 1.0f;
+                for (int64_t ic = 0; ic < m; ic += bl.mb) {
+                    const int64_t mbk = min64(m - ic, bl.mb);
+                    /* rows spread evenly over the panels (16 rows: 8 + 8, not 14 + 2): a
+                     * tile of few rows does few FMAs per load of B */
+                    const int64_t mpan = ceil_div(mbk, MR), h = ceil_div(mbk, mpan);
+                    const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
+
+                    /* pack: my column panels are shared with the tm threads of my
+                     * grid column, my row panels with the tn threads of my row */
+                    if (ic == 0) {
+                        int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
+                        for (int64_t q = lo; q < hi; q++)
+                            pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)min64(nb - q * NR, NR),
+                                   kb, bpack + q * NR * kb);
+                    }
+                    {
+                        int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
+                        for (int64_t q = lo; q < hi; q++)
+                            pack_a(trans_a, a, lda, ic + q * h, pc, (int)min64(mbk - q * h, h),
+                                   kb, alpha, apack + q * MR * kb);
+                    }
+#pragma omp barrier
+                    /* my rows [r0, r1) x columns [c0, c1): column groups of NG
+                     * micro-panels (L2), one A micro-panel (L1) against each */
+                    for (int64_t cg = c0; cg < c1; cg += NG) {
+                        const int64_t cg1 = min64(cg + NG, c1);
+                        for (int64_t pr = r0; pr < r1; pr++) {
+                            const int rows = (int)min64(mbk - pr * h, h);
+                            const float *ap = apack + pr * MR * kb;
+                            float *crow = c + (ic + pr * h) * ldc + jc;
+                            for (int64_t q = cg; q < cg1; q++)
+                                kernel(rows, kb, ap, bpack + q * NR * kb, crow + q * NR, ldc,
+                                       (int)min64(nb - q * NR, NR), beta_eff);
+                        }
+                    }
+#pragma omp barrier
+                }
+            }
+        }
+    }
+}
+#endif
