@@ -35,6 +35,10 @@
 #define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
 #define WINOGRAD_MIN_C 16                 /* MDL_CONV_AUTO: Winograd from this many channels */
 
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+/* floats rounded up to a multiple of 16 (64 bytes) */
+#define FLOATS(n) (((size_t)(n) + 15) & ~(size_t)15)
+
 static int conv_algo = -1; /* -1: not yet read from MINIDL_CONV */
 
 mdl_status mdl_set_conv_algo(mdl_conv_algo algo)
@@ -76,6 +80,15 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
     return 0;
 }
 
+/* The shared part of the per-image path for shape s (K = c_in * kh * kw): the
+ * packed weights (for the GEMM or for Winograd), then the panel table of the
+ * implicit GEMM (int64, mdl_conv_panel_table) */
+static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
+{
+    return max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)), winograd_fixed(s));
+}
+#define TABLE_FLOATS(K) FLOATS(6 * (size_t)(K))
+
 static int use_winograd(const mdl_conv2d_shape *s)
 {
 #if MDL_X86
@@ -103,9 +116,6 @@ typedef struct conv_geom {
     size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
 
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
-/* floats rounded up to a multiple of 16 (64 bytes) */
-#define FLOATS(n) (((size_t)(n) + 15) & ~(size_t)15)
 /* the per-image channel sums of the forward, (n, 2, c_out) doubles, in floats */
 #define SUMS_FLOATS(s) FLOATS(4 * (size_t)((s)->n * (s)->c_out))
 
@@ -152,19 +162,17 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     g->chunk = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes;
     /* per image: packed weights and per-image channel sums (shared), a column
      * matrix and a packed B panel per thread; backward-data also the flipped weights */
-    const int64_t Kt = s->c_out * s->kh * s->kw, Pt = s->h * s->w;
+    const int64_t Kt = s->c_out * s->kh * s->kw;
     /* forward: the sums, then the packed weights (for the GEMM or for Winograd);
      * backward-data: the flipped weights, then the same for the shape t */
-    size_t fixed_f = SUMS_FLOATS(s) + max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->K)),
-                                               winograd_fixed(s));
-    size_t fixed_d = g->direct_data ? FLOATS((size_t)(s->c_in * Kt)) +
-                     max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, Kt)), winograd_fixed(&t))
-                     : 0;
-    size_t per_f = max_size(FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+    size_t fixed_f = SUMS_FLOATS(s) + weights_floats(s, g->K) + TABLE_FLOATS(g->K);
+    size_t fixed_d = g->direct_data ? FLOATS((size_t)(s->c_in * Kt)) + weights_floats(&t, Kt) +
+                                      TABLE_FLOATS(Kt) : 0;
+    const int strided = s->stride_h != 1 || s->stride_w != 1; /* forward needs im2col */
+    size_t per_f = max_size(FLOATS(strided ? (size_t)(g->K * g->P) : 0) +
                             FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
                             winograd_thread(s, g->ho, g->wo));
-    size_t per_d = g->direct_data ? max_size(FLOATS(g->pointwise ? 0 : (size_t)(Kt * Pt)) +
-                                             FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
+    size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
                                              winograd_thread(&t, s->h, s->w)) : 0;
     /* backward-weights: a column matrix, the image's packed dy, a packed B panel
      * and a partial dw per thread */
@@ -371,7 +379,11 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
     float *thread_ws = ws + g->fixed / sizeof(float);
-    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
+    /* stride 1: B panels straight from the image; else the column matrix first */
+    const int direct = s->stride_h == 1 && s->stride_w == 1 && !g->pointwise;
+    const size_t col_floats = FLOATS(g->pointwise || direct ? 0 : K * P);
+    const int64_t *tab = (const int64_t *)(pa + weights_floats(s, K));
+    if (direct && !wino) mdl_conv_panel_table(s, (int64_t *)tab);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
@@ -386,6 +398,12 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
             if (wino) {
                 mdl_winograd_image(s, g->ho, g->wo, pa, xb, e, y + b * c_out * P, col);
+                continue;
+            }
+            if (direct) {
+                const mdl_conv_src cs = {s, g->wo, xb, tab};
+                mdl_sgemm_avx2_packed_from(c_out, P, K, pa, mdl_conv_pack_panel_avx2, &cs, 0.0f,
+                                           y + b * c_out * P, P, e, bbuf);
                 continue;
             }
             if (!g->pointwise) {

@@ -379,12 +379,12 @@ void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const
 
 size_t mdl_sgemm_avx2_packed_b_floats(int64_t k)
 {
-    return (size_t)(plan_blocks(1, 1, k).kc * NR);
+    return (size_t)(plan_blocks(1, 1, k).kc * NR + NR); /* + NR: see mdl_pack_panel */
 }
 
-void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
-                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
-                           const mdl_epilogue *ep, float *bbuf)
+void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa,
+                                mdl_pack_panel pack, const void *src, float beta, float *c,
+                                int64_t ldc, const mdl_epilogue *ep, float *bbuf)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -393,7 +393,7 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
         for (int64_t j = 0; j < n; j += NR) {
             const int cols = n - j < NR ? (int)(n - j) : NR;
-            pack_b(trans_b, b, ldb, j, pc, cols, kb, bbuf);
+            pack(src, pc, kb, j, cols, bbuf);
             for (int64_t i = 0; i < m; i += MR) {
                 const int rows = m - i < MR ? (int)(m - i) : MR;
                 kernel(rows, kb, pa + pc * mp + i * kb, bbuf, c + i * ldc + j, ldc, cols,
@@ -401,5 +401,25 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
             }
         }
     }
+}
+
+typedef struct matrix_b {
+    int trans;
+    const float *b;
+    int64_t ldb;
+} matrix_b;
+
+static void pack_matrix(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols, float *dst)
+{
+    const matrix_b *m = src;
+    pack_b(m->trans, m->b, m->ldb, j0, k0, cols, kb, dst);
+}
+
+void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
+                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                           const mdl_epilogue *ep, float *bbuf)
+{
+    const matrix_b src = {trans_b, b, ldb};
+    mdl_sgemm_avx2_packed_from(m, n, k, pa, pack_matrix, &src, beta, c, ldc, ep, bbuf);
 }
 #endif
