@@ -43,9 +43,44 @@ static inline void gather2_row(float *d, const float *src, int64_t count)
     for (; k < count; k++) d[k] = src[2 * k];
 }
 
+/* im2col for stride 1 with "same" padding (output size = input size) and rows a
+ * multiple of 8 wide: row (ci, i, j) is plane ci shifted by (i - pad_h) rows and
+ * (j - pad_w) columns, so each 8 outputs are one masked load (the mask clears the
+ * columns that fall outside the image; it also keeps the loads inside the
+ * tensor) and one store. */
+static void im2col_same(const mdl_conv2d_shape *s, const float *x, float *col, int64_t ld,
+                        int64_t r0, int64_t r1)
+{
+    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, P = h * w;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t ci = r / (kh * kw), di = r / kw % kh - s->pad_h, dj = r % kw - s->pad_w;
+        const float *plane = x + ci * P + di * w + dj;
+        float *dst = col + r * ld;
+        for (int64_t oh = 0; oh < h; oh++) {
+            float *d = dst + oh * w;
+            const int64_t ih = oh + di;
+            if (ih < 0 || ih >= h) {
+                for (int64_t ow = 0; ow < w; ow += 8) _mm256_storeu_ps(d + ow, zero);
+                continue;
+            }
+            const float *src = plane + oh * w;
+            for (int64_t ow = 0; ow < w; ow += 8) {
+                const int64_t lo = -dj - ow, hi = w - dj - ow; /* lanes with 0 <= iw < w */
+                _mm256_storeu_ps(d + ow, lo <= 0 && hi >= 8 ? _mm256_loadu_ps(src + ow)
+                                         : _mm256_maskload_ps(src + ow, mdl_lane_mask(lo, hi)));
+            }
+        }
+    }
+}
+
 void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
                           float *col, int64_t ld, int64_t r0, int64_t r1)
 {
+    if (s->stride_h == 1 && s->stride_w == 1 && ho == s->h && wo == s->w && wo % 8 == 0) {
+        im2col_same(s, x, col, ld, r0, r1);
+        return;
+    }
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
     for (int64_t r = r0; r < r1; r++) {
         int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
