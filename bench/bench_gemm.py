@@ -12,6 +12,9 @@ call (and OpenMP's for a shorter while), and on 2 cores spinning workers of
 one library halve the speed of the other.  minidl is called through minidl._C with a
 preallocated workspace, as the convolution layers call it.  Peak: 2 x 8-wide
 FMA per cycle per core, --ghz (default 2.6) x 32 FLOP x threads.
+
+The functions (set_threads, load_libraries, make_case, time_shape) are also
+used by bench/bench_cpu.py.
 """
 import argparse
 import datetime
@@ -59,6 +62,28 @@ def numpy_blas(np) -> str:
         return "unknown"
 
 
+def set_threads(threads: int) -> None:
+    """The BLAS and OpenMP thread counts; effective only before NumPy is first imported."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def load_libraries(threads: int):
+    """(numpy, minidl, minidl._C), minidl from this checkout, with `threads` threads."""
+    if "numpy" in sys.modules and os.environ.get("OPENBLAS_NUM_THREADS") != str(threads):
+        raise RuntimeError("NumPy was imported before its thread count was set")
+    set_threads(threads)
+    root = os.path.dirname(HERE)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import numpy as np
+    import minidl
+    from minidl import _C
+
+    minidl.set_num_threads(threads)
+    return np, minidl, _C
+
+
 def timed(fn, min_time, settle):
     """Seconds per call, from enough back-to-back calls to last min_time, after
     `settle` idle seconds."""
@@ -74,16 +99,42 @@ def timed(fn, min_time, settle):
         reps = max(reps * 2, int(reps * min_time / max(dt, 1e-9)) + 1)
 
 
+def make_case(np, _C, m, n, k, rng):
+    """(run_minidl, run_numpy) on the same random operands, after checking that they agree."""
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.empty((m, n), np.float32)
+    c_ref = np.empty((m, n), np.float32)
+    ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
+    fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+
+    def run_minidl():
+        _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
+
+    def run_numpy():
+        np.matmul(a, b, out=c_ref)
+
+    run_minidl()
+    run_numpy()
+    err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+    if not err < 1e-4:
+        raise AssertionError(f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}")
+    return run_minidl, run_numpy
+
+
+def time_shape(np, _C, m, n, k, rounds, min_time, settle, rng):
+    """Seconds per call of minidl and of NumPy, one sample of each per round, alternating."""
+    run_minidl, run_numpy = make_case(np, _C, m, n, k, rng)
+    t_mdl, t_np = [], []
+    for _ in range(rounds):
+        t_mdl.append(timed(run_minidl, min_time, settle))
+        t_np.append(timed(run_numpy, min_time, settle))
+    return t_mdl, t_np
+
+
 def main():
     args = parse_args()
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    sys.path.insert(0, os.path.dirname(HERE))
-    import numpy as np
-    import minidl
-    from minidl import _C
-
-    minidl.set_num_threads(args.threads)
+    np, minidl, _C = load_libraries(args.threads)
     peak = args.ghz * 32 * args.threads
     rng = np.random.default_rng(0)
     rows = []
@@ -92,27 +143,7 @@ def main():
     print(f"{'m':>5} {'n':>5} {'k':>5} | {'minidl GF/s':>11} {'% peak':>6} | "
           f"{'NumPy GF/s':>10} {'% peak':>6} | {'ratio':>5}")
     for m, n, k in SHAPES:
-        a = rng.standard_normal((m, k)).astype(np.float32)
-        b = rng.standard_normal((k, n)).astype(np.float32)
-        c = np.empty((m, n), np.float32)
-        c_ref = np.empty((m, n), np.float32)
-        ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
-        fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
-
-        def run_minidl():
-            _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
-
-        def run_numpy():
-            np.matmul(a, b, out=c_ref)
-
-        run_minidl()
-        run_numpy()
-        err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
-        assert err < 1e-4, f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
-        t_mdl, t_np = [], []
-        for _ in range(args.rounds):
-            t_mdl.append(timed(run_minidl, args.min_time, args.settle))
-            t_np.append(timed(run_numpy, args.min_time, args.settle))
+        t_mdl, t_np = time_shape(np, _C, m, n, k, args.rounds, args.min_time, args.settle, rng)
         flop = 2.0 * m * n * k
         g_mdl, g_np = flop / min(t_mdl) / 1e9, flop / min(t_np) / 1e9
         ratio = statistics.median(tn / tm for tm, tn in zip(t_mdl, t_np))
