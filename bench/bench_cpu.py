@@ -19,11 +19,12 @@ peak RSS.  minidl's SIMD level (MINIDL_SIMD) and the thread counts
 (OMP_NUM_THREADS, --threads) are explicit in every child's command line; a
 minidl run that reports another SIMD level than --simd is an error.
 
-Then the machine's FMA peak (bench/fma_peak.c, compiled into a temporary
-directory, one copy per thread at once; skipped without a C compiler) and the
-SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs), minidl and
-NumPy alternating with bench_gemm.py's code, in this process.  The peak is
-measured before and after the SGEMM shapes and the higher figure is used.
+Before the nets: the machine's FMA peak (bench/fma_peak.c, compiled into a
+temporary directory, one copy per thread at once; skipped without a C compiler)
+and the SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs),
+minidl and NumPy alternating with bench_gemm.py's code, in this process.  The
+peak is measured before and after the SGEMM shapes and the higher figure is
+used.  The JSON is written after each stage ("complete": false until the end).
 
 Ratios are medians of per-round ratios: minidl / PyTorch's faster layout in
 that round (NCHW or channels_last, decided per round), T threads / 1 thread
@@ -220,7 +221,8 @@ def render_markdown(data: dict) -> str:
              f"{m['date'][:10]}, {data['config']['repeats']} rounds; load average before / after "
              f"{' '.join(map(str, m.get('loadavg_start', [])))} / "
              f"{' '.join(map(str, m.get('loadavg_end', [])))}.  Images/s and GFLOP/s: median "
-             "[min, max] over rounds; ratios: median [min, max] of per-round ratios.", ""]
+             "[min, max] over rounds; ratios: median [min, max] of per-round ratios."
+             + ("  INCOMPLETE RUN." if data.get("complete") is False else ""), ""]
     lines += ["| net, batch | | minidl | PyTorch NCHW | PyTorch channels_last | "
               "minidl / PyTorch best layout |",
               "|---|---|---|---|---|---|"]
@@ -335,9 +337,20 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
     return rows, info
 
 
-def run_nets(args, env, info, progress=print) -> dict:
+def save(data, args, complete: bool) -> None:
+    """Verdicts on what is measured so far, and the JSON file."""
+    data["complete"] = complete
+    data["verdicts"] = verdicts(data["nets"], data["gemm"]["summary"], args.threads)
+    data["machine"]["loadavg_end"] = load_average()
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def run_nets(args, models, env, info, progress=print) -> dict:
     nets = {}
-    for name, batch in args.models:
+    for name, batch in models:
         runs = []
         for rnd in range(1, args.repeats + 1):
             for variant in VARIANTS:
@@ -388,8 +401,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, help="rounds (default 5; --quick: 2)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--simd", default="avx2", choices=["avx2", "scalar"], help="minidl's SIMD level")
-    p.add_argument("--steps", type=int, help="timed steps per phase and run (default 10; --quick: 3)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default 3; --quick: 1)")
+    p.add_argument("--steps", type=int, help="timed steps per phase and run (default 6; --quick: 3)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default 2; --quick: 1)")
     p.add_argument("--settle", type=float, default=2.0, help="idle seconds before each run")
     p.add_argument("--gemm-rounds", type=int, help="SGEMM samples per library and shape "
                    "(default: --repeats)")
@@ -410,8 +423,8 @@ def parse_args(argv=None):
         return args
     q = args.quick
     args.repeats = args.repeats or (2 if q else 5)
-    args.steps = args.steps or (3 if q else 10)
-    args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
+    args.steps = args.steps or (3 if q else 6)
+    args.warmup = args.warmup if args.warmup is not None else (1 if q else 2)
     args.gemm_rounds = args.gemm_rounds or args.repeats
     args.gemm_min_time = args.gemm_min_time or (0.02 if q else 0.1)
     if args.json is None:
@@ -451,16 +464,10 @@ def main(argv=None) -> int:
     progress = lambda s: print(s, flush=True)  # noqa: E731
     data = {"benchmark": "cpu", "machine": info, "config": config}
 
-    nets = {}
-    if not args.no_nets:
-        nets = run_nets(args, env, info, progress)
-    data["nets"] = nets
-
     fma = {"peak_gflops": None}
     gemm_rows = []
     if not args.no_gemm:
         with tempfile.TemporaryDirectory() as tmp:
-            time.sleep(args.settle)
             before = measure_fma_peak(args.threads, tmp)
             progress(f"  FMA peak, {args.threads} copies: {before}")
             shapes = ([("square", s) for s in GEMM_SQUARE]
@@ -481,17 +488,20 @@ def main(argv=None) -> int:
                "build": "cc -O3 -funroll-loops -mavx512f -mavx2 -mfma bench/fma_peak.c"}
     data["fma_peak"] = fma
     data["gemm"] = {"rows": gemm_rows, "summary": summarise_gemm(gemm_rows, fma["peak_gflops"])}
-    data["verdicts"] = verdicts(nets, data["gemm"]["summary"], args.threads)
-    info["loadavg_end"] = load_average()
+    data["nets"] = {}
+    if not args.no_nets:
+        save(data, args, complete=False)  # a long run that dies keeps what it measured
+        for model in args.models:
+            time.sleep(args.settle)
+            data["nets"].update(run_nets(args, [model], env, info, progress))
+            save(data, args, complete=model == args.models[-1])
+    else:
+        save(data, args, complete=True)
 
     print()
     print(format_text(data))
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
     print(f"\nwrote {args.json}")
-    failed_runs = sum(1 for n in nets.values() for r in n["runs"] if r.get("result") is None)
+    failed_runs = sum(1 for n in data["nets"].values() for r in n["runs"] if r.get("result") is None)
     return 1 if failed_runs else 0
 
 
