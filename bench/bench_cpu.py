@@ -19,7 +19,7 @@ peak RSS.  minidl's SIMD level (MINIDL_SIMD) and the thread counts
 (OMP_NUM_THREADS, --threads) are explicit in every child's command line; a
 minidl run that reports another SIMD level than --simd is an error.
 
-Before the nets: the machine's FMA peak (bench/fma_peak.c, compiled into a
+After the nets: the machine's FMA peak (bench/fma_peak.c, compiled into a
 temporary directory, one copy per thread at once; skipped without a C compiler)
 and the SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs),
 minidl and NumPy alternating with bench_gemm.py's code, in this process.  The
@@ -464,10 +464,20 @@ def main(argv=None) -> int:
     progress = lambda s: print(s, flush=True)  # noqa: E731
     data = {"benchmark": "cpu", "machine": info, "config": config}
 
+    # the nets first: a child's peak RSS starts from its parent's at fork (Linux carries
+    # ru_maxrss over fork and exec), and after SGEMM this process holds ~150 MB
+    data["nets"] = {}
+    data["fma_peak"] = {"peak_gflops": None}
+    data["gemm"] = {"rows": [], "summary": []}
+    if not args.no_nets:
+        for model in args.models:
+            data["nets"].update(run_nets(args, [model], env, info, progress))
+            save(data, args, complete=args.no_gemm and model == args.models[-1])
     fma = {"peak_gflops": None}
     gemm_rows = []
     if not args.no_gemm:
         with tempfile.TemporaryDirectory() as tmp:
+            time.sleep(args.settle)
             before = measure_fma_peak(args.threads, tmp)
             progress(f"  FMA peak, {args.threads} copies: {before}")
             shapes = ([("square", s) for s in GEMM_SQUARE]
@@ -488,15 +498,7 @@ def main(argv=None) -> int:
                "build": "cc -O3 -funroll-loops -mavx512f -mavx2 -mfma bench/fma_peak.c"}
     data["fma_peak"] = fma
     data["gemm"] = {"rows": gemm_rows, "summary": summarise_gemm(gemm_rows, fma["peak_gflops"])}
-    data["nets"] = {}
-    if not args.no_nets:
-        save(data, args, complete=False)  # a long run that dies keeps what it measured
-        for model in args.models:
-            time.sleep(args.settle)
-            data["nets"].update(run_nets(args, [model], env, info, progress))
-            save(data, args, complete=model == args.models[-1])
-    else:
-        save(data, args, complete=True)
+    save(data, args, complete=True)
 
     print()
     print(format_text(data))
