@@ -23,6 +23,9 @@ and resnet20 (batch 128) with the chunking of src_c/conv.c (M = c_out, N = B
 images x h_out x w_out, K = c_in x kh x kw for the forward; M = K, K = c_out,
 A transposed for the data gradient; M = c_out, N = K, K = B x P, B transposed
 for the weight gradient); and the shapes of the earlier runs.
+
+The functions (set_threads, load_libraries, make_case, time_shape) are also
+used by bench/bench_cpu.py.
 """
 import argparse
 import datetime
@@ -128,6 +131,28 @@ def numpy_blas(np) -> str:
         return "unknown"
 
 
+def set_threads(threads: int) -> None:
+    """The BLAS and OpenMP thread counts; effective only before NumPy is first imported."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def load_libraries(threads: int):
+    """(numpy, minidl, minidl._C), minidl from this checkout, with `threads` threads."""
+    if "numpy" in sys.modules and os.environ.get("OPENBLAS_NUM_THREADS") != str(threads):
+        raise RuntimeError("NumPy was imported before its thread count was set")
+    set_threads(threads)
+    root = os.path.dirname(HERE)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import numpy as np
+    import minidl
+    from minidl import _C
+
+    minidl.set_num_threads(threads)
+    return np, minidl, _C
+
+
 def timed(fn, min_time, settle):
     """Seconds per call, from enough back-to-back calls to last min_time, after
     `settle` idle seconds."""
@@ -143,16 +168,42 @@ def timed(fn, min_time, settle):
         reps = max(reps * 2, int(reps * min_time / max(dt, 1e-9)) + 1)
 
 
+def make_case(np, _C, m, n, k, rng):
+    """(run_minidl, run_numpy) on the same random operands, after checking that they agree."""
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.empty((m, n), np.float32)
+    c_ref = np.empty((m, n), np.float32)
+    ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
+    fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+
+    def run_minidl():
+        _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
+
+    def run_numpy():
+        np.matmul(a, b, out=c_ref)
+
+    run_minidl()
+    run_numpy()
+    err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+    if not err < 1e-4:
+        raise AssertionError(f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}")
+    return run_minidl, run_numpy
+
+
+def time_shape(np, _C, m, n, k, rounds, min_time, settle, rng):
+    """Seconds per call of minidl and of NumPy, one sample of each per round, alternating."""
+    run_minidl, run_numpy = make_case(np, _C, m, n, k, rng)
+    t_mdl, t_np = [], []
+    for _ in range(rounds):
+        t_mdl.append(timed(run_minidl, min_time, settle))
+        t_np.append(timed(run_numpy, min_time, settle))
+    return t_mdl, t_np
+
+
 def main():
     args = parse_args()
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    sys.path.insert(0, os.path.dirname(HERE))
-    import numpy as np
-    import minidl
-    from minidl import _C
-
-    minidl.set_num_threads(args.threads)
+    np, minidl, _C = load_libraries(args.threads)
     levels = [minidl.cpu_simd() if lv == "best" else lv for lv in args.simd.split(",")]
     for lv in levels:
         minidl.set_simd(lv)  # fails early on an unknown level or one the CPU lacks
@@ -217,7 +268,7 @@ def main():
         rows.append(row)
         print(f"{line} | {g_np:10.1f} {100 * g_np / peak:3.0f}%", flush=True)
     minidl.set_simd(minidl.cpu_simd())
-    print(f"GF/s: best round; %pk: of the peak above; ratio: median of minidl / NumPy speed per "
+    print("GF/s: best round; %pk: of the peak above; ratio: median of minidl / NumPy speed per "
           f"round; t: transposes of A and B")
     if args.json:
         info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=round(peak, 1),

@@ -1,5 +1,9 @@
 """Training and inference throughput: minidl against PyTorch (NCHW and channels_last), side by side.
 
+On the CPU, bench/bench_cpu.py is the complete comparison (it adds 1-thread runs,
+SGEMM against the measured FMA peak and the goal verdicts, and reuses this
+script's run helpers); this script stays for --device cuda and quick races.
+
     python3 bench/bench_train.py [--models cifar10_quick:100,resnet20:128] [--threads 2] [--device cuda]
         [--steps 20] [--warmup 5] [--repeats 3] [--torch-python PATH] [--json bench/results/train-DATE.json]
 

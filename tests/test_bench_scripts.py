@@ -1,0 +1,131 @@
+"""bench/bench_cpu.py's arithmetic and tables, on made-up samples (no torch, no timing)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
+sys.path.insert(0, BENCH)
+import bench_cpu  # noqa: E402
+
+
+def _run(rnd, variant, train, infer, rss):
+    return {"round": rnd, "variant": variant,
+            "result": {"train_images_per_s": train, "infer_images_per_s": infer,
+                       "peak_rss_mb": rss}}
+
+
+def _fake_runs():
+    # round 1: NCHW is torch's faster layout for training; round 2: channels_last
+    return [
+        _run(1, "minidl", 300, 900, 90), _run(1, "torch_nchw", 200, 1000, 380),
+        _run(1, "torch_channels_last", 100, 500, 360), _run(1, "minidl_1thread", 150, 500, 80),
+        _run(2, "minidl", 200, 800, 92), _run(2, "torch_nchw", 100, 400, 370),
+        _run(2, "torch_channels_last", 160, 1000, 350), _run(2, "minidl_1thread", 125, 400, 81),
+        # an incomplete round: left out of the ratios, kept in the per-variant statistics
+        _run(3, "minidl", 1000, 1000, 95),
+        {"round": 3, "variant": "torch_nchw", "result": None, "error": "exit status 1"},
+    ]
+
+
+def test_stats_median_min_max():
+    assert bench_cpu.stats([3, 1, 2, 10]) == {"median": 2.5, "min": 1, "max": 10,
+                                              "samples": [3, 1, 2, 10]}
+    assert bench_cpu.stats([])["median"] is None
+
+
+def test_round_ratios_use_the_faster_layout_of_each_round():
+    pairs = bench_cpu.round_ratios(_fake_runs(), "train_images_per_s")
+    assert pairs == [(1.5, "torch_nchw"), (1.25, "torch_channels_last")]
+    only_nchw = bench_cpu.round_ratios(_fake_runs(), "infer_images_per_s", den=("torch_nchw",))
+    assert [p[0] for p in only_nchw] == [0.9, 2.0]
+
+
+def test_summarise_net():
+    s = bench_cpu.summarise_net(_fake_runs())
+    assert s["variants"]["minidl"]["train_images_per_s"]["samples"] == [300, 200, 1000]
+    assert s["variants"]["torch_nchw"]["peak_rss_mb"]["median"] == 375
+    r = s["ratios"]
+    assert r["train_vs_torch_best"]["median"] == pytest.approx(1.375)
+    assert r["train_torch_best_per_round"] == ["torch_nchw", "torch_channels_last"]
+    assert r["infer_vs_torch_best"]["samples"] == [0.9, 0.8]
+    assert r["threads_speedup"]["samples"] == [2.0, 1.6]
+
+
+def test_summarise_gemm_and_verdicts():
+    rows = [{"m": 1000, "n": 1000, "k": 1000, "kind": "square",
+             "minidl_s": [0.02, 0.025, 0.01], "numpy_s": [0.025, 0.02, 0.02]},
+            {"m": 10, "n": 100, "k": 5, "kind": "conv", "minidl_s": [1e-5], "numpy_s": [5e-6]}]
+    g = bench_cpu.summarise_gemm(rows, peak_gflops=200.0)
+    assert g[0]["minidl_gflops"]["median"] == pytest.approx(100.0)   # 2e9 flop / 0.02 s
+    assert g[0]["minidl_pct_peak"] == pytest.approx(50.0)
+    assert g[0]["vs_numpy"]["samples"] == pytest.approx([1.25, 0.8, 2.0])
+    assert bench_cpu.summarise_gemm(rows, None)[0]["minidl_pct_peak"] is None
+
+    nets = {"net": {"batch_size": 8, "summary": bench_cpu.summarise_net(_fake_runs())}}
+    v = {(x["goal"], x["subject"]): x for x in bench_cpu.verdicts(nets, g, threads=2)}
+    assert v["train_vs_torch", "net, batch 8"]["pass"] is False       # 1.375 < 1.5
+    assert v["infer_vs_torch", "net, batch 8"]["pass"] is False
+    assert v["threads_speedup", "net, batch 8"]["value"] == pytest.approx(1.8)
+    assert v["threads_speedup", "net, batch 8"]["pass"] is True       # 1.8 >= 1.8
+    assert v["rss_vs_torch", "net, batch 8"]["value"] == pytest.approx(92 / 355)
+    assert v["rss_vs_torch", "net, batch 8"]["pass"] is True
+    assert v["gemm_square_pct_peak", "sgemm 1000x1000x1000, 2 threads"]["pass"] is False
+    assert v["gemm_vs_numpy", "sgemm 1000x1000x1000, 2 threads"]["pass"] is True   # 1.25
+    assert v["gemm_vs_numpy", "sgemm 10x100x5, 2 threads"]["pass"] is False
+    # no peak measured: the %-of-peak goals are not decided
+    v = bench_cpu.verdicts(nets, bench_cpu.summarise_gemm(rows, None), threads=2)
+    assert [x["pass"] for x in v if x["goal"].endswith("pct_peak")] == [None, None]
+
+
+def _fake_results():
+    nets = {"cifar10_quick": {"batch_size": 100, "runs": _fake_runs()}}
+    nets["cifar10_quick"]["summary"] = bench_cpu.summarise_net(nets["cifar10_quick"]["runs"])
+    rows = [{"m": 512, "n": 512, "k": 512, "kind": "square", "minidl_s": [0.002, 0.003],
+             "numpy_s": [0.003, 0.003]}]
+    gemm = bench_cpu.summarise_gemm(rows, 100.0)
+    return {"benchmark": "cpu",
+            "machine": {"cpu": "Test CPU", "date": "2026-01-02T03:04:05", "git_commit": "abcdef123",
+                        "minidl_simd": "avx2", "torch_version": "2.13.0+cpu",
+                        "loadavg_start": [0.5, 0.4, 0.3], "loadavg_end": [1.0, 0.5, 0.3]},
+            "config": {"threads": 2, "repeats": 3},
+            "nets": nets, "fma_peak": {"peak_gflops": 100.0},
+            "gemm": {"rows": rows, "summary": gemm},
+            "verdicts": bench_cpu.verdicts(nets, gemm, threads=2)}
+
+
+def test_markdown_tables():
+    md = bench_cpu.render_markdown(_fake_results())
+    assert md.startswith("Test CPU, 2 threads, minidl avx2, PyTorch 2.13.0+cpu, commit abcdef1, "
+                         "2026-01-02, 3 rounds")
+    assert "| cifar10_quick, 100 | train images/s | 300 [200, 1,000] | 150 [100, 200] | " \
+           "130 [100, 160] | 1.38 [1.25, 1.50] |" in md
+    assert "| cifar10_quick, 100 | peak RSS MB | 92 | 375 | 355 | |" in md
+    assert "2 / 1 thread: 1.80 [1.60, 2.00] |" in md
+    # 2 x 512^3 flop in 2 and 3 ms: 134 and 89 GFLOP/s, median 112, 112% of the 100 measured
+    assert "| 512 x 512 x 512 (square) | 112 [89, 134] | 112% | 89 [89, 89] | 1.25 [1.00, 1.50] |" \
+        in md
+    assert "| training images/s, minidl / PyTorch's faster layout | cifar10_quick, batch 100 | " \
+           "1.38x | >= 1.50x | **fail** |" in md
+    assert "| SGEMM, % of the measured FMA peak | sgemm 512x512x512, 2 threads | 112% | >= 85% | " \
+           "pass |" in md
+    assert md.endswith("4 of 6 goals met.")
+    assert "**" not in bench_cpu.format_text(_fake_results())
+
+
+def test_markdown_command_line(tmp_path):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(_fake_results()))
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "bench_cpu.py"), "--markdown",
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    assert out == bench_cpu.render_markdown(_fake_results()) + "\n"
+
+
+def test_child_commands_name_simd_and_threads():
+    cmd = bench_cpu.minidl_command("resnet20", 128, 10, 3, 1, "avx2", python="py")
+    assert cmd[:4] == ["env", "MINIDL_SIMD=avx2", "OMP_NUM_THREADS=1", "py"]
+    assert cmd[cmd.index("--threads") + 1] == "1" and "--json" in cmd
+    cmd = bench_cpu.torch_command("tpy", "resnet20", 128, 10, 3, 2, channels_last=True)
+    assert "OMP_NUM_THREADS=2" in cmd and cmd[-1] == "--channels-last"
