@@ -269,7 +269,7 @@ def main():
         print(f"{line} | {g_np:10.1f} {100 * g_np / peak:3.0f}%", flush=True)
     minidl.set_simd(minidl.cpu_simd())
     print("GF/s: best round; %pk: of the peak above; ratio: median of minidl / NumPy speed per "
-          f"round; t: transposes of A and B")
+          "round; t: transposes of A and B")
     if args.json:
         info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=round(peak, 1),
                     peak_source=peak_how, peak_copies=peak_copies, settle_s=args.settle,
