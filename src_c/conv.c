@@ -89,6 +89,15 @@ static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 }
 #define TABLE_FLOATS(K) FLOATS(6 * (size_t)(K))
 
+/* Stride 1 with output rows a multiple of 16 wide: the GEMM reads B's 16-pixel rows
+ * in place from a zero-padded copy of the image (no packing at all) */
+static int rows_in_place(const mdl_conv2d_shape *s, int64_t wo)
+{
+    return s->stride_h == 1 && s->stride_w == 1 && wo % 16 == 0;
+}
+/* floats of the zero-padded copy of one image */
+#define PADDED_FLOATS(s) FLOATS((s)->c_in * ((s)->h + 2 * (s)->pad_h) * ((s)->w + 2 * (s)->pad_w))
+
 static int use_winograd(const mdl_conv2d_shape *s)
 {
 #if MDL_X86
@@ -170,9 +179,11 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                                       TABLE_FLOATS(Kt) : 0;
     const int strided = s->stride_h != 1 || s->stride_w != 1; /* forward needs im2col */
     size_t per_f = max_size(FLOATS(strided ? (size_t)(g->K * g->P) : 0) +
-                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
+                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)) +
+                            (rows_in_place(s, g->wo) ? PADDED_FLOATS(s) : 0),
                             winograd_thread(s, g->ho, g->wo));
-    size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
+    size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) +
+                                             (rows_in_place(&t, s->w) ? PADDED_FLOATS(&t) : 0),
                                              winograd_thread(&t, s->h, s->w)) : 0;
     /* backward-weights: a column matrix, the image's packed dy, a packed B panel
      * and a partial dw per thread */
@@ -383,7 +394,15 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int direct = s->stride_h == 1 && s->stride_w == 1 && !g->pointwise;
     const size_t col_floats = FLOATS(g->pointwise || direct ? 0 : K * P);
     const int64_t *tab = (const int64_t *)(pa + weights_floats(s, K));
-    if (direct && !wino) mdl_conv_panel_table(s, (int64_t *)tab);
+    const int in_place = direct && !wino && rows_in_place(s, g->wo);
+    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    if (in_place) { /* tab: the offset of row k = (ci, i, j) in the padded image */
+        int64_t *off = (int64_t *)tab;
+        for (int64_t k = 0; k < K; k++)
+            off[k] = k / (s->kh * s->kw) * hp * wp + k / s->kw % s->kh * wp + k % s->kw;
+    } else if (direct && !wino) {
+        mdl_conv_panel_table(s, (int64_t *)tab);
+    }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
@@ -398,6 +417,20 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
             if (wino) {
                 mdl_winograd_image(s, g->ho, g->wo, pa, xb, e, y + b * c_out * P, col);
+                continue;
+            }
+            if (in_place) {
+                float *xp = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(K));
+                memset(xp, 0, (size_t)(s->c_in * hp * wp) * sizeof(float));
+                for (int64_t ci = 0; ci < s->c_in; ci++)
+                    for (int64_t ih = 0; ih < s->h; ih++)
+                        memcpy(xp + (ci * hp + ih + s->pad_h) * wp + s->pad_w,
+                               xb + (ci * s->h + ih) * s->w, (size_t)s->w * sizeof(float));
+                float *yb = y + b * c_out * P;
+                for (int64_t oh = 0; oh < g->ho; oh++)
+                    for (int64_t ow = 0; ow < g->wo; ow += 16)
+                        mdl_sgemm_avx2_packed_rows(c_out, K, pa, xp + oh * wp + ow, tab, 0.0f,
+                                                   yb + oh * g->wo + ow, P, e);
                 continue;
             }
             if (direct) {

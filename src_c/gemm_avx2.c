@@ -218,16 +218,28 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
     }
 }
 
+/* B is a packed panel b (row p at b + p * NR), or, when off is not NULL, rows read
+ * in place: row p at b + off[p] (16 contiguous floats, any alignment). */
 static inline __attribute__((always_inline)) void
 kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
-            float *c, int64_t ldc, int cols, float beta, const mdl_epilogue *ep, int64_t row0)
+            const int64_t *restrict off, float *c, int64_t ldc, int cols, float beta,
+            const mdl_epilogue *ep, int64_t row0)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    if (off) {
 #pragma GCC unroll 4
-    for (int64_t p = 0; p < kc; p++) {
-        __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
-        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+        for (int64_t p = 0; p < kc; p++) {
+            const float *bp = b + off[p];
+            __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int64_t p = 0; p < kc; p++) {
+            __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
+            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+        }
     }
     const __m256 vb = _mm256_set1_ps(beta);
     float tmp[MR * NR];
@@ -247,17 +259,24 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
         for (int r = 0; r < ROWS; r++) memcpy(c + r * ldc, tmp + r * NR, (size_t)cols * 4);
 }
 
+static void kernel_at(int rows, int64_t kc, const float *a, const float *b, const int64_t *off,
+                      float *c, int64_t ldc, int cols, float beta, const mdl_epilogue *ep,
+                      int64_t row0)
+{
+    switch (rows) {
+    case 6: kernel_rows(6, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    case 5: kernel_rows(5, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    case 4: kernel_rows(4, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    case 3: kernel_rows(3, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    case 2: kernel_rows(2, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    default: kernel_rows(1, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    }
+}
+
 static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
                    int cols, float beta, const mdl_epilogue *ep, int64_t row0)
 {
-    switch (rows) {
-    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta, ep, row0); break;
-    }
+    kernel_at(rows, kc, a, b, NULL, c, ldc, cols, beta, ep, row0);
 }
 
 /* ---- driver ------------------------------------------------------------------- */
@@ -421,5 +440,22 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
 {
     const matrix_b src = {trans_b, b, ldb};
     mdl_sgemm_avx2_packed_from(m, n, k, pa, pack_matrix, &src, beta, c, ldc, ep, bbuf);
+}
+
+void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
+                                const int64_t *off, float beta, float *c, int64_t ldc,
+                                const mdl_epilogue *ep)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
+    for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t kb = k - pc < kc ? k - pc : kc;
+        const float beta_eff = pc == 0 ? beta : 1.0f;
+        const mdl_epilogue *last = pc + kb == k ? ep : NULL;
+        for (int64_t i = 0; i < m; i += MR) {
+            const int rows = m - i < MR ? (int)(m - i) : MR;
+            kernel_at(rows, kb, pa + pc * mp + i * kb, b, off + pc, c + i * ldc, ldc, NR,
+                      beta_eff, last, i);
+        }
+    }
 }
 #endif
