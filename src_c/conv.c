@@ -98,6 +98,14 @@ static int rows_in_place(const mdl_conv2d_shape *s, int64_t wo)
 /* floats of the zero-padded copy of one image */
 #define PADDED_FLOATS(s) FLOATS((s)->c_in * ((s)->h + 2 * (s)->pad_h) * ((s)->w + 2 * (s)->pad_w))
 
+/* the weight gradient as dot products over padded copies (mdl_conv_weights_dot_avx2),
+ * of enough images at a time that the accumulators sum about 512 pixels */
+#define DOT_IMAGES(P) ((P) >= 512 ? 1 : (512 + (P) - 1) / (P))
+static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
+{
+    return s->stride_h == 1 && s->stride_w == 1 && wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
+}
+
 static int use_winograd(const mdl_conv2d_shape *s)
 {
 #if MDL_X86
@@ -187,9 +195,12 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                                              winograd_thread(&t, s->h, s->w)) : 0;
     /* backward-weights: a column matrix, the image's packed dy, a packed B panel
      * and a partial dw per thread */
-    size_t per_w = FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
-                   FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
-                   FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + FLOATS((size_t)(s->c_out * g->K));
+    size_t per_w = max_size(FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+                            FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
+                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)),
+                            weights_dot(s, g->wo) ? DOT_IMAGES(g->P) * PADDED_FLOATS(s) +
+                                                    TABLE_FLOATS(g->K) : 0) +
+                   FLOATS((size_t)(s->c_out * g->K));
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
@@ -373,6 +384,17 @@ static void chunk_gather(const conv_geom *g, int64_t c_out, int64_t nb, const fl
 
 /* ---- fast path: one image at a time (implicit GEMM) ------------------------------ */
 
+/* xp (c_in, h + 2 pad_h, w + 2 pad_w) = x (c_in, h, w) of one image with zeros around */
+static void pad_image(const mdl_conv2d_shape *s, const float *x, float *xp)
+{
+    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    memset(xp, 0, (size_t)(s->c_in * hp * wp) * sizeof(float));
+    for (int64_t ci = 0; ci < s->c_in; ci++)
+        for (int64_t ih = 0; ih < s->h; ih++)
+            memcpy(xp + (ci * hp + ih + s->pad_h) * wp + s->pad_w, x + (ci * s->h + ih) * s->w,
+                   (size_t)s->w * sizeof(float));
+}
+
 /* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
  * the packed weights.  The threads take whole images, each with its own column
  * matrix (K, P) (none for a pointwise kernel: x[b] is its own column matrix) and
@@ -421,11 +443,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             }
             if (in_place) {
                 float *xp = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(K));
-                memset(xp, 0, (size_t)(s->c_in * hp * wp) * sizeof(float));
-                for (int64_t ci = 0; ci < s->c_in; ci++)
-                    for (int64_t ih = 0; ih < s->h; ih++)
-                        memcpy(xp + (ci * hp + ih + s->pad_h) * wp + s->pad_w,
-                               xb + (ci * s->h + ih) * s->w, (size_t)s->w * sizeof(float));
+                pad_image(s, xb, xp);
                 float *yb = y + b * c_out * P;
                 for (int64_t oh = 0; oh < g->ho; oh++)
                     for (int64_t ow = 0; ow < g->wo; ow += 16)
@@ -468,8 +486,9 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     if (nt < 1) nt = 1;
     const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
-    const size_t pb_floats = FLOATS(mdl_sgemm_avx2_packed_b_floats(P));
     const size_t stride = g->per_thread / sizeof(float);
+    const int dot = weights_dot(s, g->wo);
+    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
 #pragma omp parallel num_threads(nt)
     {
         int t = 0, T = 1;
@@ -477,11 +496,28 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         t = omp_get_thread_num();
         T = omp_get_num_threads();
 #endif
-        float *col = ws + t * stride, *pa = col + col_floats, *bbuf = pa + pa_floats;
-        float *part = bbuf + pb_floats;
+        /* this thread's partial dw, then the im2col + GEMM buffers or the padded
+         * image and its row offsets */
+        float *part = ws + t * stride, *col = part + FLOATS(c_out * K);
+        float *pa = col + col_floats, *bbuf = pa + pa_floats;
+        float *xp = col;
+        const int64_t group = DOT_IMAGES(P);
+        int64_t *off = (int64_t *)(xp + group * PADDED_FLOATS(s));
+        if (dot)
+            for (int64_t k = 0; k < K; k++)
+                off[k] = (k / (s->kh * s->kw) * hp + k / s->kw % s->kh) * wp + k % s->kw;
         const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
         for (int64_t b = b0; b < b1; b++) {
             const float *xb = x + b * image, *src = xb;
+            if (dot) {
+                const int64_t nb = b1 - b < group ? b1 - b : group;
+                for (int64_t q = 0; q < nb; q++)
+                    pad_image(s, xb + q * image, xp + q * PADDED_FLOATS(s));
+                mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, PADDED_FLOATS(s),
+                                          dy + b * c_out * P, xp, off, b == b0, part);
+                b += nb - 1;
+                continue;
+            }
             if (!g->pointwise) {
                 mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
                 src = col;
@@ -496,7 +532,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         const int64_t total = c_out * K, lo = total * t / T, hi = total * (t + 1) / T;
         for (int64_t e = lo; e < hi; e++) {
             float acc = accumulate ? dw[e] : 0.0f;
-            for (int u = 0; u < T; u++) acc += ws[u * stride + col_floats + pa_floats + pb_floats + e];
+            for (int u = 0; u < T; u++) acc += ws[u * stride + e];
             dw[e] = acc;
         }
     }

@@ -49,6 +49,15 @@ typedef struct mdl_conv_src {
     const int64_t *tab;
 } mdl_conv_src;
 void mdl_conv_panel_table(const mdl_conv2d_shape *s, int64_t *tab);
+
+/* The weight gradient of a few images for stride 1 with rows a multiple of 8 wide,
+ * as dot products along the pixels, both operands read in place: part (c_out, K) =
+ * (first ? 0 : part) + sum over the images of dy (c_out, ho * wo) @ col^T, where
+ * col row k is the image's padded copy (row stride wp; copies xp_stride floats
+ * apart) shifted by off[k] */
+void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
+                               int64_t images, int64_t xp_stride, const float *dy,
+                               const float *xp, const int64_t *off, int first, float *part);
 /* an mdl_pack_panel (gemm.h) for src = an mdl_conv_src */
 void mdl_conv_pack_panel_avx2(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols,
                               float *dst);

@@ -269,4 +269,58 @@ void mdl_conv_pack_panel_avx2(const void *src, int64_t k0, int64_t kb, int64_t j
         }
     }
 }
+
+/* a tile of 4 output channels x 3 rows k: 12 accumulators over 8 pixels at a time */
+#define DOT_FMA(c)                                                          \
+    {                                                                       \
+        const __m256 d = _mm256_loadu_ps(dy + (co + c) * P + q);            \
+        a##c##0 = _mm256_fmadd_ps(d, x0, a##c##0);                          \
+        a##c##1 = _mm256_fmadd_ps(d, x1, a##c##1);                          \
+        a##c##2 = _mm256_fmadd_ps(d, x2, a##c##2);                          \
+    }
+#define DOT_STORE(c)                                                        \
+    {                                                                       \
+        float *pr = part + (co + c) * K + k;                                \
+        pr[0] = (first ? 0.0f : pr[0]) + mdl_hsum_ps(a##c##0);              \
+        pr[1] = (first ? 0.0f : pr[1]) + mdl_hsum_ps(a##c##1);              \
+        pr[2] = (first ? 0.0f : pr[2]) + mdl_hsum_ps(a##c##2);              \
+    }
+
+void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
+                               int64_t images, int64_t xp_stride, const float *dy_all,
+                               const float *xp_all, const int64_t *off, int first, float *part)
+{
+    const int64_t P = ho * wo, co4 = c_out / 4 * 4, k3 = K / 3 * 3;
+    for (int64_t co = 0; co < co4; co += 4)
+        for (int64_t k = 0; k < k3; k += 3) {
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00;
+            __m256 a12 = a00, a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+            for (int64_t im = 0; im < images; im++) {
+                const float *dy = dy_all + im * c_out * P, *xp = xp_all + im * xp_stride;
+                const float *r0 = xp + off[k], *r1 = xp + off[k + 1], *r2 = xp + off[k + 2];
+                for (int64_t oh = 0; oh < ho; oh++)
+                    for (int64_t ow = 0; ow < wo; ow += 8) {
+                        const int64_t q = oh * wo + ow, o = oh * wp + ow;
+                        const __m256 x0 = _mm256_loadu_ps(r0 + o), x1 = _mm256_loadu_ps(r1 + o);
+                        const __m256 x2 = _mm256_loadu_ps(r2 + o);
+                        DOT_FMA(0) DOT_FMA(1) DOT_FMA(2) DOT_FMA(3)
+                    }
+            }
+            DOT_STORE(0) DOT_STORE(1) DOT_STORE(2) DOT_STORE(3)
+        }
+    /* the remaining channels or rows, one dot product at a time */
+    for (int64_t co = 0; co < c_out; co++)
+        for (int64_t k = co < co4 ? k3 : 0; k < K; k++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t im = 0; im < images; im++) {
+                const float *dy = dy_all + im * c_out * P, *r = xp_all + im * xp_stride + off[k];
+                for (int64_t oh = 0; oh < ho; oh++)
+                    for (int64_t ow = 0; ow < wo; ow += 8)
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(dy + co * P + oh * wo + ow),
+                                              _mm256_loadu_ps(r + oh * wp + ow), acc);
+            }
+            float *pr = part + co * K + k;
+            *pr = (first ? 0.0f : *pr) + mdl_hsum_ps(acc);
+        }
+}
 #endif

@@ -35,6 +35,8 @@ CASES = [
     (1, 2, 3, 20, 2, 1, 19, 1, (0, 9)),       # padding wider than a vector
     (3, 8, 5, 6, 4, 2, 3, 1, (1, 2)),         # dx as the forward of dy: rectangular kernel
     (2, 9, 6, 7, 5, 3, 3, 1, (3, 0)),         # stride 1 but padding > kernel - 1: chunked dx
+    (2, 5, 8, 16, 7, 3, 3, 1, 1),             # dw as dot products: 7 channels, 45 rows
+    (1, 3, 5, 8, 6, 3, 5, 1, (1, 2)),         # rows 8 wide, rectangular kernel
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
