@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per timed sample")
     p.add_argument("--only", default="", help="run the ops whose name contains this")
     p.add_argument("--no-api", action="store_true", help="time the kernels only")
+    p.add_argument("--no-stream", action="store_true",
+                   help="skip the bandwidth measurement (fractions are then left out)")
     p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
     return p.parse_args(argv)
 
@@ -269,11 +271,15 @@ def main(argv=None):
     threads = minidl.get_num_threads()
     print(f"minidl {minidl.__version__} ({minidl.get_simd()}) from "
           f"{os.path.dirname(minidl.__file__)}, {threads} threads, {cpu_model()}")
-    lib = load_stream()
-    srounds = max(3, args.rounds // 2)
-    dram = stream(np, lib, 256, threads, srounds, args.min_time)
-    l3 = stream(np, lib, 4, threads, srounds, args.min_time)
-    for s in (dram, l3):
+    if args.no_stream:
+        nan = float("nan")
+        dram = l3 = dict(copy_gbs=nan, triad_gbs=nan)
+    else:
+        lib = load_stream()
+        srounds = max(3, args.rounds // 2)
+        dram = stream(np, lib, 256, threads, srounds, args.min_time)
+        l3 = stream(np, lib, 4, threads, srounds, args.min_time)
+    for s in (dram, l3) if not args.no_stream else ():
         print(f"stream {s['array_mib']:>3} MiB arrays: copy {s['copy_gbs']:.1f} GB/s, "
               f"triad {s['triad_gbs']:.1f} GB/s (median call; best "
               f"{s['copy_gbs_best']:.1f}, {s['triad_gbs_best']:.1f})")
