@@ -63,26 +63,62 @@ ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
     return _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 }
 
+/* The maximum of the windows of 8 output columns from o (row span [hs, he)). */
+ALWAYS_INLINE __m256 max_vec(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t he,
+                             int64_t o, const int mode, __m256i offs)
+{
+    const float *base = x + o * g->sw - g->pw;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+            m = _mm256_blendv_ps(m, v, max_take(v, m));
+        }
+    return m;
+}
+
+/* Two groups of 8 columns, o1 and o2, at once: two independent dependency
+ * chains (compare, blend) through the taps, which one group alone leaves
+ * latency-bound. */
+ALWAYS_INLINE void max_vec2(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t he,
+                            int64_t o1, int64_t o2, const int mode, __m256i offs, __m256 *r1,
+                            __m256 *r2)
+{
+    const float *b1 = x + o1 * g->sw - g->pw, *b2 = x + o2 * g->sw - g->pw;
+    __m256 m1 = _mm256_set1_ps(-INFINITY), m2 = m1;
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v1 = load_strided(b1 + ih * g->w + kx, mode, offs);
+            __m256 v2 = load_strided(b2 + ih * g->w + kx, mode, offs);
+            m1 = _mm256_blendv_ps(m1, v1, max_take(v1, m1));
+            m2 = _mm256_blendv_ps(m2, v2, max_take(v2, m2));
+        }
+    *r1 = m1;
+    *r2 = m2;
+}
+
 ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, span;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+        float *yrow = y + oh * g->wo;
         mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
         int64_t ow = g->ow_lo;
         while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
-            const int64_t o = tail_start(ow, g->ow_hi);
-            const float *base = x + o * g->sw - g->pw;
-            __m256 m = ninf;
-            for (int64_t ih = hs; ih < he; ih++)
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
-                    m = _mm256_blendv_ps(m, v, max_take(v, m));
-                }
-            _mm256_storeu_ps(y + oh * g->wo + o, m); /* overlapped lanes: the same values */
-            ow = o + 8;
+            const int64_t o1 = tail_start(ow, g->ow_hi);
+            ow = o1 + 8;
+            if (g->ow_hi - ow > 0) {
+                const int64_t o2 = tail_start(ow, g->ow_hi);
+                ow = o2 + 8;
+                __m256 m1, m2;
+                max_vec2(g, x, hs, he, o1, o2, mode, offs, &m1, &m2);
+                _mm256_storeu_ps(yrow + o1, m1);
+                _mm256_storeu_ps(yrow + o2, m2); /* overlapped lanes: the same values */
+            } else {
+                _mm256_storeu_ps(yrow + o1, max_vec(g, x, hs, he, o1, mode, offs));
+            }
         }
         mdl_max_pool_cols_scalar(g, x, y, oh, ow, g->wo);
     }
@@ -215,8 +251,84 @@ static void avg_plane_separable(const mdl_pool_geom *g, const float *x, float *y
     }
 }
 
+/* Rows of up to AVG_ROW_MAX padded columns go through a row buffer: for each
+ * output row, u[j] = sum over the window's rows of input column j - pw (zero in
+ * the padding and beyond), 8 columns at a time with a masked tail; then each
+ * group of 8 output columns adds its kw strided taps from u, with no border
+ * cases: columns outside the input read zeros, and the divisor (padded window
+ * height x width, clipped in ceil mode) comes from a per-column vector.  The
+ * last group of a row is stored masked.  Any width, including rows whose
+ * interior is under 8 columns (the 8x8 and 16x16 maps of small nets). */
+#define AVG_ROW_MAX 1024
+
+static int avg_rows_fit(const mdl_pool_geom *g)
+{
+    return g->wo + 8 <= AVG_ROW_MAX && (g->wo + 8) * g->sw + g->kw + 16 <= 2 * AVG_ROW_MAX &&
+           g->pw + g->w <= 2 * AVG_ROW_MAX;
+}
+
+static inline __m256i first_lanes(int64_t r)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float *y, const int mode)
+{
+    float u[2 * AVG_ROW_MAX], wdiv[AVG_ROW_MAX];
+    const __m256i offs = lane_offsets(g->sw);
+    const int64_t w = g->w, wo = g->wo, kw = g->kw, sw = g->sw;
+    const int64_t len = (wo + 8) * sw + kw + 16 < 2 * AVG_ROW_MAX ? (wo + 8) * sw + kw + 16
+                                                                  : 2 * AVG_ROW_MAX;
+    memset(u, 0, (size_t)len * sizeof(float));
+    for (int64_t ow = 0; ow < wo + 8 && ow < AVG_ROW_MAX; ow++) {
+        int64_t ws, we, wspan = 1;
+        if (ow < wo) mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+        wdiv[ow] = (float)wspan;
+    }
+    const int64_t wfull = w & ~(int64_t)7;
+    const __m256i wtail = first_lanes(w - wfull);
+    const __m256i otail = first_lanes(wo & 7);
+    float *urow = u + g->pw;
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        int64_t j = 0;
+        for (; j < wfull; j += 8) {
+            const float *col = x + hs * w + j;
+            __m256 acc = _mm256_loadu_ps(col);
+            for (int64_t ih = hs + 1; ih < he; ih++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
+            _mm256_storeu_ps(urow + j, acc);
+        }
+        if (j < w) {
+            const float *col = x + hs * w + j;
+            __m256 acc = _mm256_maskload_ps(col, wtail);
+            for (int64_t ih = hs + 1; ih < he; ih++)
+                acc = _mm256_add_ps(acc, _mm256_maskload_ps(col += w, wtail));
+            _mm256_maskstore_ps(urow + j, wtail, acc);
+        }
+        const __m256 vh = _mm256_set1_ps((float)hspan);
+        float *yrow = y + oh * wo;
+        for (int64_t o = 0; o < wo; o += 8) {
+            const float *base = u + o * sw; /* padded column of tap kx = 0 */
+            __m256 sum = load_strided(base, mode, offs);
+            for (int64_t kx = 1; kx < kw; kx++)
+                sum = _mm256_add_ps(sum, load_strided(base + kx, mode, offs));
+            __m256 v = _mm256_div_ps(sum, _mm256_mul_ps(vh, _mm256_loadu_ps(wdiv + o)));
+            if (o + 8 <= wo) _mm256_storeu_ps(yrow + o, v);
+            else _mm256_maskstore_ps(yrow + o, otail, v);
+        }
+    }
+}
+
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
 {
+    if (avg_rows_fit(g)) {
+        switch (load_mode(g->sw)) {
+        case LOAD_S1: avg_plane_rows(g, x, y, LOAD_S1); return;
+        case LOAD_S2: avg_plane_rows(g, x, y, LOAD_S2); return;
+        default: avg_plane_rows(g, x, y, LOAD_GATHER); return;
+        }
+    }
     switch (load_mode(g->sw)) {
     case LOAD_S1: avg_plane(g, x, y, LOAD_S1); break;
     case LOAD_S2: avg_plane(g, x, y, LOAD_S2); break;
