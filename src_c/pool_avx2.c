@@ -6,8 +6,11 @@
  * input column (ow + j) * sw - pw, so a window tap (ih, kx) is one load of 8
  * input values spaced sw apart -- a plain load for stride 1, two loads and a
  * deinterleave for stride 2, a gather otherwise.  Window rows are clipped per
- * output row, the same for every lane.  The borders use the scalar reference.
- * (The average-pooling backward is organised differently: see below.)
+ * output row, the same for every lane.  Max pooling covers whole rows (at least
+ * 8 columns) in groups of 8, the last group overlapping the one before; groups
+ * at the row's ends mask the taps outside the row.  Average pooling goes
+ * through a row buffer (see avg_plane_rows); its backward is organised
+ * differently again (see below).  Other borders use the scalar reference.
  *
  * Max pooling visits the taps in the reference's order with the reference's
  * update rule (greater or NaN, by compare and blend), so its results and its
@@ -47,15 +50,36 @@ static inline __m256i lane_offsets(int64_t sw)
     return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)sw));
 }
 
-/* ---- max pooling ---------------------------------------------------------- */
-
-/* The first of the next 8 interior columns from ow on: ow itself while 8 fit,
- * else the last 8 of the interior, overlapping columns already done (the
- * interior must hold at least 8), so that the interior needs no scalar tail. */
-static inline int64_t tail_start(int64_t ow, int64_t ow_hi)
+/* Lanes whose column lies in [0, w). */
+ALWAYS_INLINE __m256i in_row(__m256i cols, __m256i wv)
 {
-    return ow + 8 <= ow_hi ? ow : ow_hi - 8;
+    return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), cols),
+                               _mm256_cmpgt_epi32(wv, cols));
 }
+
+/* As load_strided, for windows at the row's ends: lane l is p[l s] where its
+ * column c0 + l s lies in [0, w), else -inf; nothing outside the row is read
+ * (masked loads), so p may point before the row. */
+ALWAYS_INLINE __m256 load_strided_masked(const float *p, const int mode, __m256i offs, int64_t c0,
+                                         __m256i wv)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i base = _mm256_set1_epi32((int)c0);
+    const __m256i ok = in_row(_mm256_add_epi32(base, offs), wv);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    if (mode == LOAD_S1) return _mm256_blendv_ps(ninf, _mm256_maskload_ps(p, ok), _mm256_castsi256_ps(ok));
+    if (mode == LOAD_S2) {
+        __m256 a = _mm256_maskload_ps(p, in_row(_mm256_add_epi32(base, lane), wv));
+        __m256 b = _mm256_maskload_ps(p + 7, in_row(_mm256_add_epi32(base, _mm256_add_epi32(lane,
+                                                                   _mm256_set1_epi32(7))), wv));
+        __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
+        t = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+        return _mm256_blendv_ps(ninf, t, _mm256_castsi256_ps(ok));
+    }
+    return _mm256_mask_i32gather_ps(ninf, p, offs, _mm256_castsi256_ps(ok), 4);
+}
+
+/* ---- max pooling ---------------------------------------------------------- */
 
 /* The running maximum takes v where v > m or v is NaN. */
 ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
@@ -97,30 +121,60 @@ ALWAYS_INLINE void max_vec2(const mdl_pool_geom *g, const float *x, int64_t hs, 
     *r2 = m2;
 }
 
+/* A group of 8 columns from o that reaches past a row end: out-of-row taps are
+ * -inf, which never wins (every window has a tap in the row), so the taps in
+ * the row are visited in the reference's order and the result is the same. */
+ALWAYS_INLINE __m256 max_vec_masked(const mdl_pool_geom *g, const float *x, int64_t hs,
+                                    int64_t he, int64_t o, const int mode, __m256i offs)
+{
+    const __m256i wv = _mm256_set1_epi32((int)g->w);
+    const int64_t c = o * g->sw - g->pw;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v = load_strided_masked(x + ih * g->w + c + kx, mode, offs, c + kx, wv);
+            m = _mm256_blendv_ps(m, v, max_take(v, m));
+        }
+    return m;
+}
+
+static inline int interior(const mdl_pool_geom *g, int64_t o)
+{
+    return o >= g->ow_lo && o + 8 <= g->ow_hi;
+}
+
 ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
+    const int64_t wo = g->wo;
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, span;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
-        float *yrow = y + oh * g->wo;
-        mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
-        int64_t ow = g->ow_lo;
-        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
-            const int64_t o1 = tail_start(ow, g->ow_hi);
+        float *yrow = y + oh * wo;
+        if (wo < 8) {
+            mdl_max_pool_cols_scalar(g, x, y, oh, 0, wo);
+            continue;
+        }
+        /* groups of 8 columns over [0, wo), the last one overlapping (same values) */
+        int64_t ow = 0;
+        while (ow < wo) {
+            const int64_t o1 = ow + 8 <= wo ? ow : wo - 8;
             ow = o1 + 8;
-            if (g->ow_hi - ow > 0) {
-                const int64_t o2 = tail_start(ow, g->ow_hi);
-                ow = o2 + 8;
+            if (!interior(g, o1)) {
+                _mm256_storeu_ps(yrow + o1, max_vec_masked(g, x, hs, he, o1, mode, offs));
+                continue;
+            }
+            const int64_t o2 = ow + 8 <= wo ? ow : wo - 8;
+            if (ow < wo && interior(g, o2)) {
                 __m256 m1, m2;
                 max_vec2(g, x, hs, he, o1, o2, mode, offs, &m1, &m2);
                 _mm256_storeu_ps(yrow + o1, m1);
-                _mm256_storeu_ps(yrow + o2, m2); /* overlapped lanes: the same values */
+                _mm256_storeu_ps(yrow + o2, m2);
+                ow = o2 + 8;
             } else {
                 _mm256_storeu_ps(yrow + o1, max_vec(g, x, hs, he, o1, mode, offs));
             }
         }
-        mdl_max_pool_cols_scalar(g, x, y, oh, ow, g->wo);
     }
 }
 
@@ -140,24 +194,34 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
                                   float *dx, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
+    const __m256i wv = _mm256_set1_epi32((int)g->w);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t wo = g->wo;
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, span;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
-        const float *dyrow = dy + oh * g->wo;
-        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->ow_lo);
-        int64_t ow = g->ow_lo;
-        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
-            const int64_t o = tail_start(ow, g->ow_hi);
-            const int64_t ws = o * g->sw - g->pw;
-            const float *base = x + ws;
-            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)ws), offs);
+        const float *dyrow = dy + oh * wo;
+        if (wo < 8) {
+            mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, wo);
+            continue;
+        }
+        int64_t ow = 0;
+        while (ow < wo) {
+            const int64_t o = ow + 8 <= wo ? ow : wo - 8;
+            const int64_t c = o * g->sw - g->pw;
+            const int inside = interior(g, o);
+            const float *base = x + c;
+            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)c), offs);
             __m256 m = ninf;
-            __m256i idx = _mm256_add_epi32(col, _mm256_set1_epi32((int)(hs * g->w)));
+            /* before any tap is taken: the window's first tap in the row */
+            __m256i idx = _mm256_add_epi32(_mm256_max_epi32(col, _mm256_setzero_si256()),
+                                           _mm256_set1_epi32((int)(hs * g->w)));
             for (int64_t ih = hs; ih < he; ih++)
                 for (int64_t kx = 0; kx < g->kw; kx++) {
-                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+                    const float *p = base + ih * g->w + kx;
+                    __m256 v = inside ? load_strided(p, mode, offs)
+                                      : load_strided_masked(p, mode, offs, c + kx, wv);
                     __m256 take = max_take(v, m);
                     m = _mm256_blendv_ps(m, v, take);
                     __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w + kx)));
@@ -168,7 +232,6 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
             for (int j = (int)(ow - o); j < 8; j++) dx[at[j]] += dyrow[o + j]; /* new lanes only */
             ow = o + 8;
         }
-        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, ow, g->wo);
     }
 }
 
