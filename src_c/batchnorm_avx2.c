@@ -93,8 +93,12 @@ static void channel_stats(int64_t n, int64_t c, int64_t hw, int64_t ch, const fl
     int64_t since = 0; /* values per lane and chain since the last flush */
     for (int64_t i = 0; i < n; i++) {
         const float *p = ROW(x, i, ch);
+        /* rows are c * hw apart: the hardware prefetchers start cold on each row (often a
+         * page of its own), so the next row is fetched while this one is summed */
+        const float *next = i + 1 < n ? ROW(x, i + 1, ch) : p;
         int64_t j = 0;
         for (; j + 16 <= full; j += 16) {
+            _mm_prefetch((const char *)(next + j), _MM_HINT_T0);
             __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vk);
             __m256 e = _mm256_sub_ps(_mm256_loadu_ps(p + j + 8), vk);
             fs0 = _mm256_add_ps(fs0, d);
