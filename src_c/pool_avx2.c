@@ -409,8 +409,73 @@ void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
  * out at its windows' start columns (zeros between): t[iw] = sum over kx of
  * u[iw + pw - kx], kw shifted loads; then t is added to rows [hs, he) of dx.
  * Input columns go in chunks so that u and t fit on the stack; any stride. */
+/* Small planes (ho * w up to AVG_T_MAX): the rows t_oh of the whole plane go
+ * into a buffer first; then each dx row is the sum of the t rows of the output
+ * rows covering it, stored once -- no memset of dx and no read-modify-write
+ * of its rows.  The sums come in the same order (oh increasing). */
+#define AVG_T_MAX 8192
+#define AVG_T_ROWS 1024
+
+static void avg_back_plane_rows(const mdl_pool_geom *g, const float *dy, float *dx)
+{
+    float u[AVG_CHUNK + AVG_MAX_KW], T[AVG_T_MAX];
+    int64_t hs_of[AVG_T_ROWS], he_of[AVG_T_ROWS];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw, ho = g->ho;
+    const int64_t jlo = g->pw - kw + 1, ulen = w + kw - 1;
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs_of[oh], &he_of[oh], &hspan);
+        const float *dyrow = dy + oh * g->wo;
+        memset(u, 0, (size_t)ulen * sizeof(float));
+        int64_t owa = jlo <= 0 ? 0 : (jlo + sw - 1) / sw;
+        int64_t owb = (jlo + ulen - 1) / sw + 1;
+        if (owb > g->wo) owb = g->wo;
+        for (int64_t ow = owa; ow < owb; ow++) {
+            mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+            u[ow * sw - jlo] = dyrow[ow] / (float)(hspan * wspan);
+        }
+        float *t = T + oh * w;
+        int64_t i = 0;
+        for (; i + 8 <= w; i += 8) {
+            __m256 acc = _mm256_loadu_ps(u + i + kw - 1);
+            for (int64_t kx = 1; kx < kw; kx++)
+                acc = _mm256_add_ps(acc, _mm256_loadu_ps(u + i + kw - 1 - kx));
+            _mm256_storeu_ps(t + i, acc);
+        }
+        for (; i < w; i++) {
+            float acc = u[i + kw - 1];
+            for (int64_t kx = 1; kx < kw; kx++) acc += u[i + kw - 1 - kx];
+            t[i] = acc;
+        }
+    }
+    /* the output rows covering input row ih are a contiguous range [a, b) */
+    int64_t a = 0, b = 0;
+    for (int64_t ih = 0; ih < g->h; ih++) {
+        while (a < ho && he_of[a] <= ih) a++;
+        if (b < a) b = a;
+        while (b < ho && hs_of[b] <= ih) b++;
+        float *row = dx + ih * w;
+        int64_t i = 0;
+        for (; i + 8 <= w; i += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t oh = a; oh < b; oh++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(T + oh * w + i));
+            _mm256_storeu_ps(row + i, acc);
+        }
+        for (; i < w; i++) {
+            float acc = 0.0f;
+            for (int64_t oh = a; oh < b; oh++) acc += T[oh * w + i];
+            row[i] = acc;
+        }
+    }
+}
+
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
 {
+    if (g->kw <= AVG_MAX_KW && g->w + g->kw <= AVG_CHUNK && g->ho * g->w <= AVG_T_MAX &&
+        g->ho <= AVG_T_ROWS) {
+        avg_back_plane_rows(g, dy, dx);
+        return;
+    }
     if (g->kw > AVG_MAX_KW) {
         mdl_avg_pool_back_plane_scalar(g, dy, dx);
         return;
