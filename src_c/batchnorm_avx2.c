@@ -39,14 +39,6 @@ static inline void acc_add(__m256d *lo, __m256d *hi, __m256 v)
     *hi = _mm256_add_pd(*hi, hi_pd(v));
 }
 
-/* acc += v * v, v widened to double */
-static inline void acc_sq(__m256d *lo, __m256d *hi, __m256 v)
-{
-    __m256d l = lo_pd(v), h = hi_pd(v);
-    *lo = _mm256_fmadd_pd(l, l, *lo);
-    *hi = _mm256_fmadd_pd(h, h, *hi);
-}
-
 /* ---- one channel at a time (hw >= 2) -------------------------------------- */
 
 /* Lanes [0, r) of a vector, r = hw % 8, for the masked tail of a row. */
