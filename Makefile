@@ -158,6 +158,7 @@ sanitize: $(SAN_OBJS)
 
 bench: ext
 	$(PYTHON) bench/bench_gemm.py
+	$(PYTHON) bench/bench_membound.py
 
 clean:
 	rm -rf $(BUILD) minidl/_C.c minidl/_cuda.c minidl/*.so minidl/lib minidl/include

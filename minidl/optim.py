@@ -13,7 +13,7 @@ from typing import Callable, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from minidl import ops
+from minidl import _C, ops
 from minidl.device import asnumpy, copy_into, zeros_like
 from minidl.nn.layers import Parameter
 
@@ -38,10 +38,32 @@ class Optimizer:
             for slot in self.slots}
 
     def step(self) -> None:
+        self._check_hyper()
         for k, p in self.params.items():
             if p.grad is not None:
                 self._update(k, p)
         self.steps += 1
+
+    def _check_hyper(self) -> None:
+        """The hyper-parameter checks of the ops, made once per step (the direct kernel
+        calls in _update skip them)."""
+
+    @staticmethod
+    def _direct(p: Parameter, *state) -> bool:
+        """Whether the update may call the C kernel directly, without ops' per-call
+        checks: host float32 arrays, C-contiguous, of the parameter's shape, the
+        parameter and its state writable (state arrays are the optimizer's own, distinct
+        from the parameter by construction)."""
+        d, g = p.data, p.grad
+        if type(d) is not np.ndarray or type(g) is not np.ndarray:
+            return False
+        if g.dtype != np.float32 or g.shape != d.shape or not g.flags.c_contiguous:
+            return False
+        for a in (d,) + state:
+            if type(a) is not np.ndarray or a.dtype != np.float32 or a.shape != d.shape \
+                    or not a.flags.c_contiguous or not a.flags.writeable:
+                return False
+        return True
 
     def _update(self, name: str, p: Parameter) -> None:
         raise NotImplementedError
@@ -81,8 +103,20 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum needs momentum > 0 and dampening 0")
 
+    def _check_hyper(self):
+        ops._hyper("Invalid learning rate", self.lr, lambda v: v >= 0.0)
+        ops._hyper("Invalid momentum value", self.momentum, lambda v: v >= 0.0)
+        ops._hyper("Invalid dampening value", self.dampening, lambda v: v == v)
+        ops._hyper("Invalid weight_decay value", self.weight_decay, lambda v: v >= 0.0)
+
     def _update(self, name, p):
         buf = self.state["momentum_buffer"][name] if self.momentum else None
+        if self._direct(p, *(() if buf is None else (buf,))):
+            _C.sgd_step(p.data.reshape(-1), p.grad.reshape(-1),
+                        None if buf is None else buf.reshape(-1), self.lr, self.momentum,
+                        self.dampening, self.weight_decay, bool(self.nesterov),
+                        self.steps == 0)
+            return
         ops.sgd_step(p.data, p.grad, buf, lr=self.lr, momentum=self.momentum,
                      dampening=self.dampening, weight_decay=self.weight_decay,
                      nesterov=self.nesterov, first_step=self.steps == 0)
@@ -99,7 +133,22 @@ class Adam(Optimizer):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
 
+    def _check_hyper(self):
+        ops._hyper("Invalid learning rate", self.lr, lambda v: v >= 0.0)
+        ops._hyper("Invalid epsilon value", self.eps, lambda v: v >= 0.0)
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        for i, b in enumerate(self.betas):
+            ops._hyper(f"Invalid beta parameter at index {i}", b, lambda v: 0.0 <= v < 1.0)
+        ops._hyper("Invalid weight_decay value", self.weight_decay, lambda v: v >= 0.0)
+
     def _update(self, name, p):
+        m, v = self.state["exp_avg"][name], self.state["exp_avg_sq"][name]
+        if self._direct(p, m, v):
+            _C.adam_step(p.data.reshape(-1), p.grad.reshape(-1), m.reshape(-1), v.reshape(-1),
+                         self.steps + 1, self.lr, self.betas[0], self.betas[1], self.eps,
+                         self.weight_decay, bool(self.decoupled))
+            return
         ops.adam_step(p.data, p.grad, self.state["exp_avg"][name],
                       self.state["exp_avg_sq"][name], step=self.steps + 1, lr=self.lr,
                       betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,

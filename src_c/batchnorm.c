@@ -125,7 +125,7 @@ mdl_status mdl_batch_norm_forward_train(int64_t n, int64_t c, int64_t hw, const 
                                  running_var, y, save_mean, save_invstd);
     if (st != MDL_OK) return st;
     int avx2 = mdl_use_avx2();
-    SPLIT_CHANNELS(3.0, if (avx2) mdl_bn_train_avx2(n, c, hw, c0, c1, x, gamma, beta, eps,
+    SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_train_avx2(n, c, hw, c0, c1, x, gamma, beta, eps,
                                                     momentum, running_mean, running_var, y,
                                                     save_mean, save_invstd);
                         else mdl_bn_train_scalar(n, c, hw, c0, c1, x, gamma, beta, eps,

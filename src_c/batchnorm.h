@@ -7,7 +7,8 @@
  * differ only in how they sum and sweep.
  *
  * Sums are taken relative to a shift K (the scalar version uses its double
- * mean, the AVX2 version that mean rounded to float): with d = x - K,
+ * mean, from a first pass; the AVX2 version the mean of the channel's first
+ * row, rounded to float, so that one pass gives both sums): with d = x - K,
  *     mean = K + sum(d) / m,   var = sum(d^2) / m - (sum(d) / m)^2,
  * which stays accurate when |mean| >> std because d is small. */
 #ifndef MDL_BATCHNORM_H

@@ -7,10 +7,20 @@
  * swept together, one or two vectors per image; the last c % 8 channels of a
  * range go to the scalar reference.
  *
- * Sums of float values go into double-precision vector accumulators (each
- * vector of 8 floats is widened into two of 4 doubles), so the statistics do
- * not degrade with m.  The variance pass sums d = x - k with k the first-pass
- * mean rounded to float: d is computed exactly in float when x is near k. */
+ * The reductions take one pass: the training forward sums d = x - k and d^2
+ * with k the mean of the channel's first row (a shift known before the pass),
+ * the backward dy and dy * (x - mean).  Each sum runs in float vector
+ * accumulators over blocks of at most FLUSH values per lane, then goes into
+ * double-precision accumulators (each vector of 8 floats widened into two of
+ * 4 doubles), so the rounding error is bounded by the block and the
+ * statistics do not degrade with m.  d is exact in float when x is near k.
+ *
+ * Two sweeps over x are the minimum for the training forward (and over x and
+ * dy for the backward) without fusing with the neighbouring layers: every
+ * output value needs the channel's statistics, which depend on every input
+ * value of the channel.  A channel is swept whole before the next one, so
+ * with n * hw * 4 bytes up to about the L2 size the second sweep reads from
+ * the cache. */
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
@@ -29,66 +39,92 @@ static inline void acc_add(__m256d *lo, __m256d *hi, __m256 v)
     *hi = _mm256_add_pd(*hi, hi_pd(v));
 }
 
-/* acc += v * v, v widened to double */
-static inline void acc_sq(__m256d *lo, __m256d *hi, __m256 v)
-{
-    __m256d l = lo_pd(v), h = hi_pd(v);
-    *lo = _mm256_fmadd_pd(l, l, *lo);
-    *hi = _mm256_fmadd_pd(h, h, *hi);
-}
-
 /* ---- one channel at a time (hw >= 2) -------------------------------------- */
 
-/* sum of the channel's n * hw values */
-static double channel_sum(int64_t n, int64_t c, int64_t hw, int64_t ch, const float *x)
+/* Lanes [0, r) of a vector, r = hw % 8, for the masked tail of a row. */
+static inline __m256i tail_mask(int64_t r)
 {
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, b0 = a0, b1 = a0;
-    double tail = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *p = ROW(x, i, ch);
-        int64_t j = 0;
-        for (; j + 16 <= hw; j += 16) {
-            acc_add(&a0, &a1, _mm256_loadu_ps(p + j));
-            acc_add(&b0, &b1, _mm256_loadu_ps(p + j + 8));
-        }
-        for (; j + 8 <= hw; j += 8) acc_add(&a0, &a1, _mm256_loadu_ps(p + j));
-        for (; j < hw; j++) tail += p[j];
-    }
-    return mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(b0, b1))) + tail;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* *sd = sum(x - k), *sd2 = sum((x - k)^2) over the channel */
-static void channel_dev(int64_t n, int64_t c, int64_t hw, int64_t ch, const float *x, float k,
-                        double *sd, double *sd2)
+/* Float partial sums are moved into the double accumulators after at most
+ * FLUSH values per lane, so their rounding error is bounded by the block, not
+ * by m (relative 2^-24 * FLUSH / 2 at worst, far less on average). */
+#define FLUSH 64
+
+/* acc (double, 2 x 4 lanes) += f (float, 8 lanes); f = 0 */
+static inline void flush(__m256d *lo, __m256d *hi, __m256 *f)
+{
+    acc_add(lo, hi, *f);
+    *f = _mm256_setzero_ps();
+}
+
+/* The shift of the one-pass statistics: the mean of the first row (at most 256
+ * values) of the channel, so that |mean - k| is a fraction of the standard
+ * deviation and sum(d^2) / m - (sum(d) / m)^2 does not cancel. */
+static float channel_shift(int64_t hw, const float *row)
+{
+    const int64_t len = hw < 256 ? hw : 256;
+    double s = 0.0;
+    for (int64_t j = 0; j < len; j++) s += row[j];
+    return (float)(s / (double)len);
+}
+
+/* One pass: *sd = sum(x - k), *sd2 = sum((x - k)^2) over the channel.
+ * d = x - k in float (exact when x is near k), summed in float over short
+ * blocks (two chains each for d and d^2), then in double. */
+static void channel_stats(int64_t n, int64_t c, int64_t hw, int64_t ch, const float *x, float k,
+                          double *sd, double *sd2)
 {
     const __m256 vk = _mm256_set1_ps(k);
+    const int64_t full = hw & ~(int64_t)7;
+    const __m256i tail = tail_mask(hw - full);
+    const __m256 tailf = _mm256_castsi256_ps(tail);
     __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-    __m256d t0 = s0, t1 = s0, r0 = s0, r1 = s0;
-    double ts = 0.0, tq = 0.0;
+    __m256 fs0 = _mm256_setzero_ps(), fs1 = fs0, fq0 = fs0, fq1 = fs0;
+    int64_t since = 0; /* values per lane and chain since the last flush */
     for (int64_t i = 0; i < n; i++) {
         const float *p = ROW(x, i, ch);
+        /* rows are c * hw apart: the hardware prefetchers start cold on each row (often a
+         * page of its own), so the next row is fetched while this one is summed */
+        const float *next = i + 1 < n ? ROW(x, i + 1, ch) : p;
         int64_t j = 0;
-        for (; j + 16 <= hw; j += 16) {
+        for (; j + 16 <= full; j += 16) {
+            _mm_prefetch((const char *)(next + j), _MM_HINT_T0);
             __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vk);
             __m256 e = _mm256_sub_ps(_mm256_loadu_ps(p + j + 8), vk);
-            acc_add(&s0, &s1, d);
-            acc_sq(&q0, &q1, d);
-            acc_add(&t0, &t1, e);
-            acc_sq(&r0, &r1, e);
+            fs0 = _mm256_add_ps(fs0, d);
+            fq0 = _mm256_fmadd_ps(d, d, fq0);
+            fs1 = _mm256_add_ps(fs1, e);
+            fq1 = _mm256_fmadd_ps(e, e, fq1);
+            if (++since == FLUSH) {
+                flush(&s0, &s1, &fs0), flush(&s0, &s1, &fs1);
+                flush(&q0, &q1, &fq0), flush(&q0, &q1, &fq1);
+                since = 0;
+            }
         }
-        for (; j + 8 <= hw; j += 8) {
+        if (j < full) {
             __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vk);
-            acc_add(&s0, &s1, d);
-            acc_sq(&q0, &q1, d);
+            fs0 = _mm256_add_ps(fs0, d);
+            fq0 = _mm256_fmadd_ps(d, d, fq0);
+            j += 8;
         }
-        for (; j < hw; j++) {
-            double d = (double)(p[j] - k);
-            ts += d;
-            tq += d * d;
+        if (j < hw) {
+            __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vk), tailf);
+            fs1 = _mm256_add_ps(fs1, d);
+            fq1 = _mm256_fmadd_ps(d, d, fq1);
+        }
+        /* the row's last vectors added at most one value per lane to a chain */
+        if ((full & 15) + (hw - full) > 0 && ++since >= FLUSH) {
+            flush(&s0, &s1, &fs0), flush(&s0, &s1, &fs1);
+            flush(&q0, &q1, &fq0), flush(&q0, &q1, &fq1);
+            since = 0;
         }
     }
-    *sd = mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(t0, t1))) + ts;
-    *sd2 = mdl_hsum_pd(_mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(r0, r1))) + tq;
+    flush(&s0, &s1, &fs0), flush(&s0, &s1, &fs1);
+    flush(&q0, &q1, &fq0), flush(&q0, &q1, &fq1);
+    *sd = mdl_hsum_pd(_mm256_add_pd(s0, s1));
+    *sd2 = mdl_hsum_pd(_mm256_add_pd(q0, q1));
 }
 
 /* y = (x - mf) * scale + shift over the channel */
@@ -96,15 +132,20 @@ static void channel_affine(int64_t n, int64_t c, int64_t hw, int64_t ch, const f
                            float mf, float scale, float shift, float *y)
 {
     const __m256 vm = _mm256_set1_ps(mf), vs = _mm256_set1_ps(scale), vb = _mm256_set1_ps(shift);
+    const int64_t full = hw & ~(int64_t)7;
+    const __m256i tail = tail_mask(hw - full);
     for (int64_t i = 0; i < n; i++) {
         const float *p = ROW(x, i, ch);
         float *q = ROW(y, i, ch);
         int64_t j = 0;
-        for (; j + 8 <= hw; j += 8) {
+        for (; j < full; j += 8) {
             __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vm);
             _mm256_storeu_ps(q + j, _mm256_fmadd_ps(d, vs, vb));
         }
-        for (; j < hw; j++) q[j] = (p[j] - mf) * scale + shift;
+        if (j < hw) {
+            __m256 d = _mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm);
+            _mm256_maskstore_ps(q + j, tail, _mm256_fmadd_ps(d, vs, vb));
+        }
     }
 }
 
@@ -128,25 +169,35 @@ INLINE void train_cols(int64_t n, int64_t c, int64_t ch, int nv, const float *x,
                        float *rm, float *rv, float *y, float *save_mean, float *save_invstd)
 {
     __m256d lo[MAXV], hi[MAXV], qlo[MAXV], qhi[MAXV];
-    __m256 vk[MAXV];
-    double s[8 * MAXV], sd[8 * MAXV], sd2[8 * MAXV];
+    __m256 vk[MAXV], fs[MAXV], fq[MAXV];
+    double sd[8 * MAXV], sd2[8 * MAXV];
     float k[8 * MAXV], mf[8 * MAXV], scale[8 * MAXV], shift[8 * MAXV];
+    /* shift: the mean of the first (at most 16) images, then one pass for the sums */
+    const int64_t nk = n < 16 ? n : 16;
     for (int v = 0; v < nv; v++) lo[v] = hi[v] = _mm256_setzero_pd();
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < nk; i++)
         for (int v = 0; v < nv; v++)
             acc_add(&lo[v], &hi[v], _mm256_loadu_ps(x + i * c + ch + 8 * v));
-    store_pd(s, lo, hi, nv);
-    for (int l = 0; l < 8 * nv; l++) k[l] = (float)(s[l] / (double)n);
+    store_pd(sd, lo, hi, nv);
+    for (int l = 0; l < 8 * nv; l++) k[l] = (float)(sd[l] / (double)nk);
     for (int v = 0; v < nv; v++) {
         vk[v] = _mm256_loadu_ps(k + 8 * v);
         lo[v] = hi[v] = qlo[v] = qhi[v] = _mm256_setzero_pd();
+        fs[v] = fq[v] = _mm256_setzero_ps();
     }
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i0 = 0; i0 < n; i0 += FLUSH) {
+        const int64_t i1 = i0 + FLUSH < n ? i0 + FLUSH : n;
+        for (int64_t i = i0; i < i1; i++)
+            for (int v = 0; v < nv; v++) {
+                __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch + 8 * v), vk[v]);
+                fs[v] = _mm256_add_ps(fs[v], d);
+                fq[v] = _mm256_fmadd_ps(d, d, fq[v]);
+            }
         for (int v = 0; v < nv; v++) {
-            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + ch + 8 * v), vk[v]);
-            acc_add(&lo[v], &hi[v], d);
-            acc_sq(&qlo[v], &qhi[v], d);
+            flush(&lo[v], &hi[v], &fs[v]);
+            flush(&qlo[v], &qhi[v], &fq[v]);
         }
+    }
     store_pd(sd, lo, hi, nv);
     store_pd(sd2, qlo, qhi, nv);
     for (int l = 0; l < 8 * nv; l++)
@@ -199,14 +250,23 @@ INLINE void backward_cols(int64_t n, int64_t c, int64_t ch, int nv, const float 
         vm[v] = _mm256_loadu_ps(mean + ch + 8 * v);
         glo[v] = ghi[v] = plo[v] = phi[v] = _mm256_setzero_pd();
     }
-    for (int64_t i = 0; i < n; i++)
+    __m256 fg[MAXV], fp[MAXV];
+    for (int v = 0; v < nv; v++) fg[v] = fp[v] = _mm256_setzero_ps();
+    for (int64_t i0 = 0; i0 < n; i0 += FLUSH) {
+        const int64_t i1 = i0 + FLUSH < n ? i0 + FLUSH : n;
+        for (int64_t i = i0; i < i1; i++)
+            for (int v = 0; v < nv; v++) {
+                const int64_t o = i * c + ch + 8 * v;
+                __m256 g = _mm256_loadu_ps(dy + o);
+                __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
+                fg[v] = _mm256_add_ps(fg[v], g);
+                fp[v] = _mm256_fmadd_ps(g, d, fp[v]);
+            }
         for (int v = 0; v < nv; v++) {
-            const int64_t o = i * c + ch + 8 * v;
-            __m256 g = _mm256_loadu_ps(dy + o);
-            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm[v]);
-            acc_add(&glo[v], &ghi[v], g);
-            acc_add(&plo[v], &phi[v], _mm256_mul_ps(g, d));
+            flush(&glo[v], &ghi[v], &fg[v]);
+            flush(&plo[v], &phi[v], &fp[v]);
         }
+    }
     double sdy[8 * MAXV], sdyd[8 * MAXV];
     float a[8 * MAXV], b[8 * MAXV], k[8 * MAXV];
     store_pd(sdy, glo, ghi, nv);
@@ -251,9 +311,9 @@ void mdl_bn_train_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
     }
     const int64_t m = n * hw;
     for (; ch < c1; ch++) {
-        float k = (float)(channel_sum(n, c, hw, ch, x) / (double)m);
+        float k = channel_shift(hw, ROW(x, 0, ch));
         double sd, sd2;
-        channel_dev(n, c, hw, ch, x, k, &sd, &sd2);
+        channel_stats(n, c, hw, ch, x, k, &sd, &sd2);
         float mf, scale, shift;
         mdl_bn_finish_train(m, (double)k, sd, sd2, gamma[ch], beta[ch], eps, momentum,
                             rm ? rm + ch : NULL, rv ? rv + ch : NULL, save_mean + ch,
@@ -295,40 +355,76 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
         return;
     }
     const int64_t m = n * hw;
+    const int64_t full = hw & ~(int64_t)7;
+    const __m256i tail = tail_mask(hw - full);
+    const __m256 tailf = _mm256_castsi256_ps(tail);
     for (; ch < c1; ch++) {
         const float mu = mean[ch];
         const __m256 vm = _mm256_set1_ps(mu);
+        /* one pass for sum(dy) and sum(dy * (x - mean)): float over short blocks, then
+         * double, as in channel_stats */
         __m256d g0 = _mm256_setzero_pd(), g1 = g0, p0 = g0, p1 = g0;
-        double tg = 0.0, tp = 0.0;
+        __m256 fg0 = _mm256_setzero_ps(), fg1 = fg0, fp0 = fg0, fp1 = fg0;
+        int64_t since = 0;
         for (int64_t i = 0; i < n; i++) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             int64_t j = 0;
-            for (; j + 8 <= hw; j += 8) {
-                __m256 vg = _mm256_loadu_ps(g + j);
-                __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vm);
-                acc_add(&g0, &g1, vg);
-                acc_add(&p0, &p1, _mm256_mul_ps(vg, d));
+            for (; j + 16 <= full; j += 16) {
+                __m256 va = _mm256_loadu_ps(g + j), vb = _mm256_loadu_ps(g + j + 8);
+                fg0 = _mm256_add_ps(fg0, va);
+                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_loadu_ps(p + j), vm), fp0);
+                fg1 = _mm256_add_ps(fg1, vb);
+                fp1 = _mm256_fmadd_ps(vb, _mm256_sub_ps(_mm256_loadu_ps(p + j + 8), vm), fp1);
+                if (++since == FLUSH) {
+                    flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+                    flush(&p0, &p1, &fp0), flush(&p0, &p1, &fp1);
+                    since = 0;
+                }
             }
-            for (; j < hw; j++) {
-                tg += g[j];
-                tp += (double)g[j] * (double)(p[j] - mu);
+            if (j < full) {
+                __m256 va = _mm256_loadu_ps(g + j);
+                fg0 = _mm256_add_ps(fg0, va);
+                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_loadu_ps(p + j), vm), fp0);
+                j += 8;
+            }
+            if (j < hw) {
+                /* masked-off lanes: dy = 0, so both products vanish */
+                __m256 vb = _mm256_maskload_ps(g + j, tail);
+                __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm), tailf);
+                fg1 = _mm256_add_ps(fg1, vb);
+                fp1 = _mm256_fmadd_ps(vb, d, fp1);
+            }
+            if ((full & 15) + (hw - full) > 0 && ++since >= FLUSH) {
+                flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+                flush(&p0, &p1, &fp0), flush(&p0, &p1, &fp1);
+                since = 0;
             }
         }
+        flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+        flush(&p0, &p1, &fp0), flush(&p0, &p1, &fp1);
         float a, b, k;
-        mdl_bn_finish_backward(m, mdl_hsum_pd(_mm256_add_pd(g0, g1)) + tg,
-                               mdl_hsum_pd(_mm256_add_pd(p0, p1)) + tp, gamma[ch], invstd[ch],
+        mdl_bn_finish_backward(m, mdl_hsum_pd(_mm256_add_pd(g0, g1)),
+                               mdl_hsum_pd(_mm256_add_pd(p0, p1)), gamma[ch], invstd[ch],
                                dgamma + ch, dbeta + ch, accumulate, &a, &b, &k);
         const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vc = _mm256_set1_ps(k);
-        for (int64_t i = 0; i < n; i++) {
+        /* last row first: after the reduction sweep the cache holds the channel's last
+         * rows of x and dy (1 MiB at 128x16x32x32, the size of L2), which a first-to-last
+         * sweep would evict before reaching them */
+        for (int64_t i = n - 1; i >= 0; i--) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             float *q = ROW(dx, i, ch);
             int64_t j = 0;
-            for (; j + 8 <= hw; j += 8) {
+            for (; j < full; j += 8) {
                 __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vm);
                 _mm256_storeu_ps(q + j, _mm256_fmadd_ps(_mm256_loadu_ps(g + j), va,
                                                         _mm256_fmadd_ps(d, vb, vc)));
             }
-            for (; j < hw; j++) q[j] = g[j] * a + (p[j] - mu) * b + k;
+            if (j < hw) {
+                __m256 d = _mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm);
+                _mm256_maskstore_ps(q + j, tail,
+                                    _mm256_fmadd_ps(_mm256_maskload_ps(g + j, tail), va,
+                                                    _mm256_fmadd_ps(d, vb, vc)));
+            }
         }
     }
 }

@@ -6,8 +6,11 @@
  * input column (ow + j) * sw - pw, so a window tap (ih, kx) is one load of 8
  * input values spaced sw apart -- a plain load for stride 1, two loads and a
  * deinterleave for stride 2, a gather otherwise.  Window rows are clipped per
- * output row, the same for every lane.  The borders use the scalar reference.
- * (The average-pooling backward is organised differently: see below.)
+ * output row, the same for every lane.  Max pooling covers whole rows (at least
+ * 8 columns) in groups of 8, the last group overlapping the one before; groups
+ * at the row's ends mask the taps outside the row.  Average pooling goes
+ * through a row buffer (see avg_plane_rows); its backward is organised
+ * differently again (see below).  Other borders use the scalar reference.
  *
  * Max pooling visits the taps in the reference's order with the reference's
  * update rule (greater or NaN, by compare and blend), so its results and its
@@ -47,15 +50,36 @@ static inline __m256i lane_offsets(int64_t sw)
     return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)sw));
 }
 
-/* ---- max pooling ---------------------------------------------------------- */
-
-/* The first of the next 8 interior columns from ow on: ow itself while 8 fit,
- * else the last 8 of the interior, overlapping columns already done (the
- * interior must hold at least 8), so that the interior needs no scalar tail. */
-static inline int64_t tail_start(int64_t ow, int64_t ow_hi)
+/* Lanes whose column lies in [0, w). */
+ALWAYS_INLINE __m256i in_row(__m256i cols, __m256i wv)
 {
-    return ow + 8 <= ow_hi ? ow : ow_hi - 8;
+    return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), cols),
+                               _mm256_cmpgt_epi32(wv, cols));
 }
+
+/* As load_strided, for windows at the row's ends: lane l is p[l s] where its
+ * column c0 + l s lies in [0, w), else -inf; nothing outside the row is read
+ * (masked loads), so p may point before the row. */
+ALWAYS_INLINE __m256 load_strided_masked(const float *p, const int mode, __m256i offs, int64_t c0,
+                                         __m256i wv)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i base = _mm256_set1_epi32((int)c0);
+    const __m256i ok = in_row(_mm256_add_epi32(base, offs), wv);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    if (mode == LOAD_S1) return _mm256_blendv_ps(ninf, _mm256_maskload_ps(p, ok), _mm256_castsi256_ps(ok));
+    if (mode == LOAD_S2) {
+        __m256 a = _mm256_maskload_ps(p, in_row(_mm256_add_epi32(base, lane), wv));
+        __m256 b = _mm256_maskload_ps(p + 7, in_row(_mm256_add_epi32(base, _mm256_add_epi32(lane,
+                                                                   _mm256_set1_epi32(7))), wv));
+        __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
+        t = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+        return _mm256_blendv_ps(ninf, t, _mm256_castsi256_ps(ok));
+    }
+    return _mm256_mask_i32gather_ps(ninf, p, offs, _mm256_castsi256_ps(ok), 4);
+}
+
+/* ---- max pooling ---------------------------------------------------------- */
 
 /* The running maximum takes v where v > m or v is NaN. */
 ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
@@ -63,28 +87,94 @@ ALWAYS_INLINE __m256 max_take(__m256 v, __m256 m)
     return _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 }
 
+/* The maximum of the windows of 8 output columns from o (row span [hs, he)). */
+ALWAYS_INLINE __m256 max_vec(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t he,
+                             int64_t o, const int mode, __m256i offs)
+{
+    const float *base = x + o * g->sw - g->pw;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+            m = _mm256_blendv_ps(m, v, max_take(v, m));
+        }
+    return m;
+}
+
+/* Two groups of 8 columns, o1 and o2, at once: two independent dependency
+ * chains (compare, blend) through the taps, which one group alone leaves
+ * latency-bound. */
+ALWAYS_INLINE void max_vec2(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t he,
+                            int64_t o1, int64_t o2, const int mode, __m256i offs, __m256 *r1,
+                            __m256 *r2)
+{
+    const float *b1 = x + o1 * g->sw - g->pw, *b2 = x + o2 * g->sw - g->pw;
+    __m256 m1 = _mm256_set1_ps(-INFINITY), m2 = m1;
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v1 = load_strided(b1 + ih * g->w + kx, mode, offs);
+            __m256 v2 = load_strided(b2 + ih * g->w + kx, mode, offs);
+            m1 = _mm256_blendv_ps(m1, v1, max_take(v1, m1));
+            m2 = _mm256_blendv_ps(m2, v2, max_take(v2, m2));
+        }
+    *r1 = m1;
+    *r2 = m2;
+}
+
+/* A group of 8 columns from o that reaches past a row end: out-of-row taps are
+ * -inf, which never wins (every window has a tap in the row), so the taps in
+ * the row are visited in the reference's order and the result is the same. */
+ALWAYS_INLINE __m256 max_vec_masked(const mdl_pool_geom *g, const float *x, int64_t hs,
+                                    int64_t he, int64_t o, const int mode, __m256i offs)
+{
+    const __m256i wv = _mm256_set1_epi32((int)g->w);
+    const int64_t c = o * g->sw - g->pw;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int64_t ih = hs; ih < he; ih++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            __m256 v = load_strided_masked(x + ih * g->w + c + kx, mode, offs, c + kx, wv);
+            m = _mm256_blendv_ps(m, v, max_take(v, m));
+        }
+    return m;
+}
+
+static inline int interior(const mdl_pool_geom *g, int64_t o)
+{
+    return o >= g->ow_lo && o + 8 <= g->ow_hi;
+}
+
 ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t wo = g->wo;
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, span;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
-        mdl_max_pool_cols_scalar(g, x, y, oh, 0, g->ow_lo);
-        int64_t ow = g->ow_lo;
-        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
-            const int64_t o = tail_start(ow, g->ow_hi);
-            const float *base = x + o * g->sw - g->pw;
-            __m256 m = ninf;
-            for (int64_t ih = hs; ih < he; ih++)
-                for (int64_t kx = 0; kx < g->kw; kx++) {
-                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
-                    m = _mm256_blendv_ps(m, v, max_take(v, m));
-                }
-            _mm256_storeu_ps(y + oh * g->wo + o, m); /* overlapped lanes: the same values */
-            ow = o + 8;
+        float *yrow = y + oh * wo;
+        if (wo < 8) {
+            mdl_max_pool_cols_scalar(g, x, y, oh, 0, wo);
+            continue;
         }
-        mdl_max_pool_cols_scalar(g, x, y, oh, ow, g->wo);
+        /* groups of 8 columns over [0, wo), the last one overlapping (same values) */
+        int64_t ow = 0;
+        while (ow < wo) {
+            const int64_t o1 = ow + 8 <= wo ? ow : wo - 8;
+            ow = o1 + 8;
+            if (!interior(g, o1)) {
+                _mm256_storeu_ps(yrow + o1, max_vec_masked(g, x, hs, he, o1, mode, offs));
+                continue;
+            }
+            const int64_t o2 = ow + 8 <= wo ? ow : wo - 8;
+            if (ow < wo && interior(g, o2)) {
+                __m256 m1, m2;
+                max_vec2(g, x, hs, he, o1, o2, mode, offs, &m1, &m2);
+                _mm256_storeu_ps(yrow + o1, m1);
+                _mm256_storeu_ps(yrow + o2, m2);
+                ow = o2 + 8;
+            } else {
+                _mm256_storeu_ps(yrow + o1, max_vec(g, x, hs, he, o1, mode, offs));
+            }
+        }
     }
 }
 
@@ -104,24 +194,34 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
                                   float *dx, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
+    const __m256i wv = _mm256_set1_epi32((int)g->w);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t wo = g->wo;
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, span;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
-        const float *dyrow = dy + oh * g->wo;
-        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->ow_lo);
-        int64_t ow = g->ow_lo;
-        while (g->ow_hi - ow > 0 && g->ow_hi - g->ow_lo >= 8) {
-            const int64_t o = tail_start(ow, g->ow_hi);
-            const int64_t ws = o * g->sw - g->pw;
-            const float *base = x + ws;
-            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)ws), offs);
+        const float *dyrow = dy + oh * wo;
+        if (wo < 8) {
+            mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, wo);
+            continue;
+        }
+        int64_t ow = 0;
+        while (ow < wo) {
+            const int64_t o = ow + 8 <= wo ? ow : wo - 8;
+            const int64_t c = o * g->sw - g->pw;
+            const int inside = interior(g, o);
+            const float *base = x + c;
+            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)c), offs);
             __m256 m = ninf;
-            __m256i idx = _mm256_add_epi32(col, _mm256_set1_epi32((int)(hs * g->w)));
+            /* before any tap is taken: the window's first tap in the row */
+            __m256i idx = _mm256_add_epi32(_mm256_max_epi32(col, _mm256_setzero_si256()),
+                                           _mm256_set1_epi32((int)(hs * g->w)));
             for (int64_t ih = hs; ih < he; ih++)
                 for (int64_t kx = 0; kx < g->kw; kx++) {
-                    __m256 v = load_strided(base + ih * g->w + kx, mode, offs);
+                    const float *p = base + ih * g->w + kx;
+                    __m256 v = inside ? load_strided(p, mode, offs)
+                                      : load_strided_masked(p, mode, offs, c + kx, wv);
                     __m256 take = max_take(v, m);
                     m = _mm256_blendv_ps(m, v, take);
                     __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w + kx)));
@@ -132,7 +232,6 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
             for (int j = (int)(ow - o); j < 8; j++) dx[at[j]] += dyrow[o + j]; /* new lanes only */
             ow = o + 8;
         }
-        mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, ow, g->wo);
     }
 }
 
@@ -215,8 +314,84 @@ static void avg_plane_separable(const mdl_pool_geom *g, const float *x, float *y
     }
 }
 
+/* Rows of up to AVG_ROW_MAX padded columns go through a row buffer: for each
+ * output row, u[j] = sum over the window's rows of input column j - pw (zero in
+ * the padding and beyond), 8 columns at a time with a masked tail; then each
+ * group of 8 output columns adds its kw strided taps from u, with no border
+ * cases: columns outside the input read zeros, and the divisor (padded window
+ * height x width, clipped in ceil mode) comes from a per-column vector.  The
+ * last group of a row is stored masked.  Any width, including rows whose
+ * interior is under 8 columns (the 8x8 and 16x16 maps of small nets). */
+#define AVG_ROW_MAX 1024
+
+static int avg_rows_fit(const mdl_pool_geom *g)
+{
+    return g->wo + 8 <= AVG_ROW_MAX && (g->wo + 8) * g->sw + g->kw + 16 <= 2 * AVG_ROW_MAX &&
+           g->pw + g->w <= 2 * AVG_ROW_MAX;
+}
+
+static inline __m256i first_lanes(int64_t r)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float *y, const int mode)
+{
+    float u[2 * AVG_ROW_MAX], wdiv[AVG_ROW_MAX];
+    const __m256i offs = lane_offsets(g->sw);
+    const int64_t w = g->w, wo = g->wo, kw = g->kw, sw = g->sw;
+    const int64_t len = (wo + 8) * sw + kw + 16 < 2 * AVG_ROW_MAX ? (wo + 8) * sw + kw + 16
+                                                                  : 2 * AVG_ROW_MAX;
+    memset(u, 0, (size_t)len * sizeof(float));
+    for (int64_t ow = 0; ow < wo + 8 && ow < AVG_ROW_MAX; ow++) {
+        int64_t ws, we, wspan = 1;
+        if (ow < wo) mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+        wdiv[ow] = (float)wspan;
+    }
+    const int64_t wfull = w & ~(int64_t)7;
+    const __m256i wtail = first_lanes(w - wfull);
+    const __m256i otail = first_lanes(wo & 7);
+    float *urow = u + g->pw;
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        int64_t hs, he, hspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+        int64_t j = 0;
+        for (; j < wfull; j += 8) {
+            const float *col = x + hs * w + j;
+            __m256 acc = _mm256_loadu_ps(col);
+            for (int64_t ih = hs + 1; ih < he; ih++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
+            _mm256_storeu_ps(urow + j, acc);
+        }
+        if (j < w) {
+            const float *col = x + hs * w + j;
+            __m256 acc = _mm256_maskload_ps(col, wtail);
+            for (int64_t ih = hs + 1; ih < he; ih++)
+                acc = _mm256_add_ps(acc, _mm256_maskload_ps(col += w, wtail));
+            _mm256_maskstore_ps(urow + j, wtail, acc);
+        }
+        const __m256 vh = _mm256_set1_ps((float)hspan);
+        float *yrow = y + oh * wo;
+        for (int64_t o = 0; o < wo; o += 8) {
+            const float *base = u + o * sw; /* padded column of tap kx = 0 */
+            __m256 sum = load_strided(base, mode, offs);
+            for (int64_t kx = 1; kx < kw; kx++)
+                sum = _mm256_add_ps(sum, load_strided(base + kx, mode, offs));
+            __m256 v = _mm256_div_ps(sum, _mm256_mul_ps(vh, _mm256_loadu_ps(wdiv + o)));
+            if (o + 8 <= wo) _mm256_storeu_ps(yrow + o, v);
+            else _mm256_maskstore_ps(yrow + o, otail, v);
+        }
+    }
+}
+
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
 {
+    if (avg_rows_fit(g)) {
+        switch (load_mode(g->sw)) {
+        case LOAD_S1: avg_plane_rows(g, x, y, LOAD_S1); return;
+        case LOAD_S2: avg_plane_rows(g, x, y, LOAD_S2); return;
+        default: avg_plane_rows(g, x, y, LOAD_GATHER); return;
+        }
+    }
     switch (load_mode(g->sw)) {
     case LOAD_S1: avg_plane(g, x, y, LOAD_S1); break;
     case LOAD_S2: avg_plane(g, x, y, LOAD_S2); break;
@@ -234,8 +409,73 @@ void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
  * out at its windows' start columns (zeros between): t[iw] = sum over kx of
  * u[iw + pw - kx], kw shifted loads; then t is added to rows [hs, he) of dx.
  * Input columns go in chunks so that u and t fit on the stack; any stride. */
+/* Small planes (ho * w up to AVG_T_MAX): the rows t_oh of the whole plane go
+ * into a buffer first; then each dx row is the sum of the t rows of the output
+ * rows covering it, stored once -- no memset of dx and no read-modify-write
+ * of its rows.  The sums come in the same order (oh increasing). */
+#define AVG_T_MAX 8192
+#define AVG_T_ROWS 1024
+
+static void avg_back_plane_rows(const mdl_pool_geom *g, const float *dy, float *dx)
+{
+    float u[AVG_CHUNK + AVG_MAX_KW], T[AVG_T_MAX];
+    int64_t hs_of[AVG_T_ROWS], he_of[AVG_T_ROWS];
+    const int64_t w = g->w, kw = g->kw, sw = g->sw, ho = g->ho;
+    const int64_t jlo = g->pw - kw + 1, ulen = w + kw - 1;
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t hspan, ws, we, wspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs_of[oh], &he_of[oh], &hspan);
+        const float *dyrow = dy + oh * g->wo;
+        memset(u, 0, (size_t)ulen * sizeof(float));
+        int64_t owa = jlo <= 0 ? 0 : (jlo + sw - 1) / sw;
+        int64_t owb = (jlo + ulen - 1) / sw + 1;
+        if (owb > g->wo) owb = g->wo;
+        for (int64_t ow = owa; ow < owb; ow++) {
+            mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
+            u[ow * sw - jlo] = dyrow[ow] / (float)(hspan * wspan);
+        }
+        float *t = T + oh * w;
+        int64_t i = 0;
+        for (; i + 8 <= w; i += 8) {
+            __m256 acc = _mm256_loadu_ps(u + i + kw - 1);
+            for (int64_t kx = 1; kx < kw; kx++)
+                acc = _mm256_add_ps(acc, _mm256_loadu_ps(u + i + kw - 1 - kx));
+            _mm256_storeu_ps(t + i, acc);
+        }
+        for (; i < w; i++) {
+            float acc = u[i + kw - 1];
+            for (int64_t kx = 1; kx < kw; kx++) acc += u[i + kw - 1 - kx];
+            t[i] = acc;
+        }
+    }
+    /* the output rows covering input row ih are a contiguous range [a, b) */
+    int64_t a = 0, b = 0;
+    for (int64_t ih = 0; ih < g->h; ih++) {
+        while (a < ho && he_of[a] <= ih) a++;
+        if (b < a) b = a;
+        while (b < ho && hs_of[b] <= ih) b++;
+        float *row = dx + ih * w;
+        int64_t i = 0;
+        for (; i + 8 <= w; i += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t oh = a; oh < b; oh++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(T + oh * w + i));
+            _mm256_storeu_ps(row + i, acc);
+        }
+        for (; i < w; i++) {
+            float acc = 0.0f;
+            for (int64_t oh = a; oh < b; oh++) acc += T[oh * w + i];
+            row[i] = acc;
+        }
+    }
+}
+
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
 {
+    if (g->kw <= AVG_MAX_KW && g->w + g->kw <= AVG_CHUNK && g->ho * g->w <= AVG_T_MAX &&
+        g->ho <= AVG_T_ROWS) {
+        avg_back_plane_rows(g, dy, dx);
+        return;
+    }
     if (g->kw > AVG_MAX_KW) {
         mdl_avg_pool_back_plane_scalar(g, dy, dx);
         return;

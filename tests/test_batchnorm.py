@@ -101,6 +101,22 @@ def test_train_large_offset(simd, rng, shape, offset):
     assert_close(rv, rv_r, "batch_norm", "running_var")
 
 
+@pytest.mark.parametrize("shape", [(64, 3, 16, 16), (128, 2, 8, 8), (200, 24), (9, 5, 7, 3)])
+def test_train_first_row_outlier(simd, rng, shape):
+    """The one-pass statistics are taken about a shift drawn from the first row of each
+    channel; a first row far from the rest (here 30 standard deviations of the others)
+    must not cost the variance its accuracy."""
+    x = (rng.standard_normal(shape) * 0.5 + 3.0).astype(np.float32)
+    x[0] += np.float32(15.0)
+    c = shape[1]
+    gamma, beta = np.ones(c, np.float32), np.zeros(c, np.float32)
+    y, mean, invstd = ops.batch_norm(x, gamma, beta)
+    y_r, mean_r, invstd_r, _, _ = ref.batch_norm_train(x, gamma, beta, 1e-5)
+    assert_close(y, y_r, "batch_norm", "y")
+    assert_close(mean, mean_r, "batch_norm", "mean")
+    assert_close(invstd, invstd_r, "batch_norm", "invstd")
+
+
 def test_train_without_running_stats(simd, rng):
     x = _data(rng, (3, 11, 4, 4))
     gamma, beta, _, _ = _params(rng, 11)

@@ -98,6 +98,46 @@ def test_state_round_trip_continues_identically(rng):
         optim.SGD(ps, lr=0.1, nesterov=True)
 
 
+@pytest.mark.parametrize("cls,kw", [(optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-2)),
+                                    (optim.SGD, dict(lr=0.1)),
+                                    (optim.Adam, dict(lr=1e-2, weight_decay=1e-2)),
+                                    (optim.AdamW, dict(lr=1e-2))])
+def test_direct_kernel_path_matches_ops_path(rng, cls, kw):
+    """Host float32 gradients go to the C kernel directly; float64 or non-contiguous
+    gradients through minidl.ops (which converts them).  Both give the same bits."""
+    shapes = ((3, 4), (5,), (2, 3, 3, 3))
+    a, b = params(rng, shapes), params(rng, shapes)
+    for k in b:
+        b[k].data[...] = a[k].data
+    oa, ob = cls(a, **kw), cls(b, **kw)
+    for _ in range(3):
+        for k in a:
+            g = rng.standard_normal(a[k].data.shape).astype(np.float32)
+            a[k].grad = g
+            wide = np.empty(g.shape + (2,), np.float32)
+            wide[..., 0] = g
+            b[k].grad = wide[..., 0] if g.ndim > 1 else g.astype(np.float64)  # not direct
+        oa.step()
+        ob.step()
+    for k in a:
+        np.testing.assert_array_equal(a[k].data, b[k].data)
+
+
+def test_hyper_parameters_checked_each_step(rng):
+    ps = params(rng)
+    for p in ps.values():
+        p.grad = np.ones(p.data.shape, np.float32)
+    for opt, attr in ((optim.SGD(ps, lr=0.1, momentum=0.9), "momentum"),
+                      (optim.Adam(ps), "eps")):
+        opt.lr = -1.0
+        with pytest.raises(ValueError, match="Invalid learning rate"):
+            opt.step()
+        opt.lr = 0.1
+        setattr(opt, attr, -1.0)
+        with pytest.raises(ValueError, match="Invalid"):
+            opt.step()
+
+
 def test_schedules():
     s = optim.multistep(1.0, [10, 20], gamma=0.1)
     assert [s(0), s(9), s(10), s(19), s(20)] == [1.0, 1.0, pytest.approx(0.1),

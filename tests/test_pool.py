@@ -34,6 +34,10 @@ CASES = [
     (1, 2, 2, 100, (1, 65), (1, 3), (0, 32), False),  # very wide window
     (1, 2, 4, 4, (4, 4), (1, 1), (2, 2), True),      # pad = kernel / 2
     (1, 2, 2, 2, (3, 3), (3, 3), (0, 0), True),      # ceil mode: kernel larger than the input
+    (2, 3, 16, 16, (3, 3), (2, 2), (0, 0), True),    # cifar10_quick: interior under 8 columns
+    (2, 3, 8, 8, (3, 3), (2, 2), (0, 0), True),
+    (1, 1, 3, 2100, (3, 3), (1, 1), (1, 1), False),  # rows too wide for the row buffer
+    (1, 1, 3, 2100, (3, 3), (2, 2), (1, 1), True),
 ]
 
 
