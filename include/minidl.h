@@ -134,10 +134,11 @@ typedef struct mdl_conv2d_shape {
 } mdl_conv2d_shape;
 
 /* The algorithm of the SIMD convolutions.  MDL_CONV_AUTO (the default) uses
- * Winograd's F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2 and at least
- * 16 input and output channels (forward, and backward_data through the
- * equivalent forward of dy), and an implicit GEMM elsewhere; MDL_CONV_GEMM and
- * MDL_CONV_WINOGRAD choose one (Winograd only where it applies).  The environment
+ * Winograd's F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at least 64
+ * input and output channels and outputs at least 16 wide (forward, and
+ * backward_data through the equivalent forward of dy), where it was measured to
+ * pay, and an implicit GEMM elsewhere; MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
+ * one (Winograd F(2x2, 3x3) or F(2x2, 5x5), only where it applies).  The environment
  * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The
  * scalar reference kernels always convolve directly. */
 typedef enum mdl_conv_algo {

@@ -33,7 +33,11 @@
 /* the shape check: mdl_conv2d_check_shape in checks.h */
 #define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
 #define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
-#define WINOGRAD_MIN_C 16                 /* MDL_CONV_AUTO: Winograd from this many channels */
+/* MDL_CONV_AUTO: Winograd F(2x2, 3x3) from this many input and output channels and
+ * output rows at least this wide (measured in bench/NOTES.md: below, its transforms
+ * cost more than the multiplications it saves; F(2x2, 5x5) never won) */
+#define WINOGRAD_MIN_C 64
+#define WINOGRAD_MIN_WO 16
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -106,14 +110,15 @@ static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
     return s->stride_h == 1 && s->stride_w == 1 && wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
 }
 
-static int use_winograd(const mdl_conv2d_shape *s)
+static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
 {
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     return mdl_winograd_applies(s) && a != MDL_CONV_GEMM &&
-           (a == MDL_CONV_WINOGRAD || (s->c_in >= WINOGRAD_MIN_C && s->c_out >= WINOGRAD_MIN_C));
+           (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&
+                                       s->c_out >= WINOGRAD_MIN_C && wo >= WINOGRAD_MIN_WO));
 #else
-    (void)s;
+    (void)s, (void)wo;
     return 0;
 #endif
 }
@@ -607,7 +612,7 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
     /* the per-image channel sums (n, 2, c_out), then the packed weights */
     double *sums = (double *)ws;
     float *pa = ws + SUMS_FLOATS(s);
-    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s);
+    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
     if (wino)
         mdl_winograd_weights(s, w, pa);
     else
@@ -658,7 +663,7 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
             for (int64_t ci = 0; ci < s->c_in; ci++)
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
-        const int wino = use_winograd(&t);
+        const int wino = use_winograd(&t, s->w);
         if (wino)
             mdl_winograd_weights(&t, wf, pa);
         else
