@@ -586,13 +586,13 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
 
 /* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
  * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
-mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
-                                 const float *bias, int relu, double *channel_sum,
-                                 double *channel_sumsq, float *y, void *workspace,
-                                 size_t workspace_bytes)
+static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
+                          const float *w, const float *bias, int relu, double *channel_sum,
+                          double *channel_sumsq, float *y, void *workspace,
+                          size_t workspace_bytes)
 {
     conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
+    mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(w);
@@ -601,7 +601,7 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
     void *owned;
     float *ws;
     size_t avail;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
+    st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
         forward_scalar(s, g.ho, g.wo, x, w, bias, y);
@@ -627,7 +627,16 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
 mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                               const float *bias, float *y, void *workspace, size_t workspace_bytes)
 {
-    return mdl_conv2d_forward_ex(s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
+    return forward(__func__, s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
+}
+
+mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                 const float *bias, int relu, double *channel_sum,
+                                 double *channel_sumsq, float *y, void *workspace,
+                                 size_t workspace_bytes)
+{
+    return forward(__func__, s, x, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+                   workspace_bytes);
 }
 
 /* dx (n, c_in, h, w) = conv_transpose(dy (n, c_out, ho, wo), w), overwritten */

@@ -227,32 +227,40 @@ static mdl_status check_workspace(const char *fn, const conv_geom &g, const void
     return MDL_OK;
 }
 
-mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
-                                      const float *bias, int relu, double *channel_sum,
-                                      double *channel_sumsq, float *y, void *workspace,
-                                      size_t workspace_bytes, mdl_cuda_stream stream)
+static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
+                          const float *w, const float *bias, int relu, double *channel_sum,
+                          double *channel_sumsq, float *y, void *workspace,
+                          size_t workspace_bytes, mdl_cuda_stream stream)
 {
     conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
+    mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(w);
     MDL_CHECK_PTR(y);
-    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
     ConvForward p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0};
     mdl::gemm_launch(p, 1, stream);
     if ((channel_sum || channel_sumsq) && g.c_out > 0)
         conv_channel_sums<<<(unsigned)g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, y,
                                                                  channel_sum, channel_sumsq);
-    return mdl_cuda_launched(__func__);
+    return mdl_cuda_launched(fn);
 }
 
 mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                                    const float *bias, float *y, void *workspace,
                                    size_t workspace_bytes, mdl_cuda_stream stream)
 {
-    return mdl_cuda_conv2d_forward_ex(s, x, w, bias, 0, NULL, NULL, y, workspace,
-                                      workspace_bytes, stream);
+    return forward(__func__, s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes, stream);
+}
+
+mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                      const float *bias, int relu, double *channel_sum,
+                                      double *channel_sumsq, float *y, void *workspace,
+                                      size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    return forward(__func__, s, x, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+                   workspace_bytes, stream);
 }
 
 mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
