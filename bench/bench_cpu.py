@@ -263,6 +263,15 @@ def format_text(data: dict) -> str:
 
 # ---- measuring -----------------------------------------------------------------------
 
+def best_simd() -> str:
+    """minidl's best SIMD level on this CPU, asked of a child process (this one must not
+    import NumPy before the thread counts are set)."""
+    out = subprocess.run([sys.executable, "-c", "import minidl; print(minidl.cpu_simd())"],
+                         capture_output=True, text=True, check=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    return out.stdout.strip()
+
+
 def minidl_command(model, batch, steps, warmup, threads, simd, python=sys.executable) -> list:
     return ["env", f"MINIDL_SIMD={simd}", f"OMP_NUM_THREADS={threads}", python, "-m", "minidl",
             "bench", "--model", model, "--batch-size", str(batch), "--steps", str(steps),
@@ -384,7 +393,8 @@ def parse_args(argv=None):
                    help="comma-separated NAME:BATCH_SIZE (default: %(default)s)")
     p.add_argument("--repeats", type=int, help="rounds (default 5; --quick: 2)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--simd", default="avx2", choices=["avx2", "scalar"], help="minidl's SIMD level")
+    p.add_argument("--simd", choices=["avx512", "avx2", "scalar"],
+                   help="minidl's SIMD level (default: the best this CPU has)")
     p.add_argument("--steps", type=int, help="timed steps per phase and run (default 6; --quick: 3)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default 2; --quick: 1)")
     p.add_argument("--settle", type=float, default=2.0, help="idle seconds before each run")
@@ -427,6 +437,7 @@ def main(argv=None) -> int:
         with open(args.markdown) as f:
             print(render_markdown(json.load(f)))
         return 0
+    args.simd = args.simd or best_simd()
     # NumPy (imported for SGEMM, in this process) takes its thread count from these
     import bench_gemm
     bench_gemm.set_threads(args.threads)
