@@ -93,11 +93,11 @@ static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 }
 #define TABLE_FLOATS(K) FLOATS(6 * (size_t)(K))
 
-/* Stride 1 with output rows a multiple of 16 wide: the GEMM reads B's 16-pixel rows
- * in place from a zero-padded copy of the image (no packing at all) */
-static int rows_in_place(const mdl_conv2d_shape *s, int64_t wo)
+/* Stride 1 with output rows a multiple of 16 wide, or 8 wide in pairs: the GEMM reads
+ * B's 16-pixel rows in place from a zero-padded copy of the image (no packing) */
+static int rows_in_place(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    return s->stride_h == 1 && s->stride_w == 1 && wo % 16 == 0;
+    return s->stride_h == 1 && s->stride_w == 1 && (wo % 16 == 0 || (wo == 8 && ho % 2 == 0));
 }
 /* floats of the zero-padded copy of one image */
 #define PADDED_FLOATS(s) FLOATS((s)->c_in * ((s)->h + 2 * (s)->pad_h) * ((s)->w + 2 * (s)->pad_w))
@@ -193,10 +193,10 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     const int strided = s->stride_h != 1 || s->stride_w != 1; /* forward needs im2col */
     size_t per_f = max_size(FLOATS(strided ? (size_t)(g->K * g->P) : 0) +
                             FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)) +
-                            (rows_in_place(s, g->wo) ? PADDED_FLOATS(s) : 0),
+                            (rows_in_place(s, g->ho, g->wo) ? PADDED_FLOATS(s) : 0),
                             winograd_thread(s, g->ho, g->wo));
     size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) +
-                                             (rows_in_place(&t, s->w) ? PADDED_FLOATS(&t) : 0),
+                                             (rows_in_place(&t, s->h, s->w) ? PADDED_FLOATS(&t) : 0),
                                              winograd_thread(&t, s->h, s->w)) : 0;
     /* backward-weights: a column matrix, the image's packed dy, a packed B panel
      * and a partial dw per thread */
@@ -421,7 +421,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int direct = s->stride_h == 1 && s->stride_w == 1 && !g->pointwise;
     const size_t col_floats = FLOATS(g->pointwise || direct ? 0 : K * P);
     const int64_t *tab = (const int64_t *)(pa + weights_floats(s, K));
-    const int in_place = direct && !wino && rows_in_place(s, g->wo);
+    const int in_place = direct && !wino && rows_in_place(s, g->ho, g->wo);
     const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
     if (in_place) { /* tab: the offset of row k = (ci, i, j) in the padded image */
         int64_t *off = (int64_t *)tab;
@@ -449,11 +449,14 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             if (in_place) {
                 float *xp = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(K));
                 pad_image(s, xb, xp);
+                /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = y + b * c_out * P;
-                for (int64_t oh = 0; oh < g->ho; oh++)
-                    for (int64_t ow = 0; ow < g->wo; ow += 16)
-                        mdl_sgemm_avx2_packed_rows(c_out, K, pa, xp + oh * wp + ow, tab, 0.0f,
-                                                   yb + oh * g->wo + ow, P, e);
+                const int64_t half = g->wo == 8 ? wp : 8;
+                for (int64_t p = 0; p < P; p += 16) {
+                    const int64_t oh = p / g->wo, ow = p % g->wo;
+                    mdl_sgemm_avx2_packed_rows(c_out, K, pa, xp + oh * wp + ow, tab, half, 0.0f,
+                                               yb + p, P, e);
+                }
                 continue;
             }
             if (direct) {

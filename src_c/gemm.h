@@ -48,10 +48,11 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
  * GEMM packs straight from an image).  It may write up to 16 floats past the
  * panel's end: bbuf has room for them. */
 /* One 16-column panel of C (m x 16) = pa @ B with B's rows read in place: row p is
- * the 16 floats at b + off[p] (an image padded so that these are its pixels). */
+ * the 8 floats at b + off[p] followed by the 8 at b + off[p] + half (half = 8: 16
+ * pixels of one row of a padded image; the row stride: two rows 8 wide). */
 void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
-                                const int64_t *off, float beta, float *c, int64_t ldc,
-                                const mdl_epilogue *ep);
+                                const int64_t *off, int64_t half, float beta, float *c,
+                                int64_t ldc, const mdl_epilogue *ep);
 typedef void (*mdl_pack_panel)(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols,
                                float *dst);
 void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa,

@@ -219,11 +219,12 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
 }
 
 /* B is a packed panel b (row p at b + p * NR), or, when off is not NULL, rows read
- * in place: row p at b + off[p] (16 contiguous floats, any alignment). */
+ * in place: row p is the 8 floats at b + off[p] then the 8 at b + off[p] + half
+ * (any alignment). */
 static inline __attribute__((always_inline)) void
 kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
-            const int64_t *restrict off, float *c, int64_t ldc, int cols, float beta,
-            const mdl_epilogue *ep, int64_t row0)
+            const int64_t *restrict off, int64_t half, float *c, int64_t ldc, int cols,
+            float beta, const mdl_epilogue *ep, int64_t row0)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -231,7 +232,7 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
 #pragma GCC unroll 4
         for (int64_t p = 0; p < kc; p++) {
             const float *bp = b + off[p];
-            __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+            __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + half);
             ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
         }
     } else {
@@ -260,23 +261,23 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
 }
 
 static void kernel_at(int rows, int64_t kc, const float *a, const float *b, const int64_t *off,
-                      float *c, int64_t ldc, int cols, float beta, const mdl_epilogue *ep,
-                      int64_t row0)
+                      int64_t half, float *c, int64_t ldc, int cols, float beta,
+                      const mdl_epilogue *ep, int64_t row0)
 {
     switch (rows) {
-    case 6: kernel_rows(6, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
-    case 5: kernel_rows(5, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
-    case 4: kernel_rows(4, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
-    case 3: kernel_rows(3, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
-    case 2: kernel_rows(2, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
-    default: kernel_rows(1, kc, a, b, off, c, ldc, cols, beta, ep, row0); break;
+    case 6: kernel_rows(6, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    case 5: kernel_rows(5, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    case 4: kernel_rows(4, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    case 3: kernel_rows(3, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    case 2: kernel_rows(2, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    default: kernel_rows(1, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
     }
 }
 
 static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
                    int cols, float beta, const mdl_epilogue *ep, int64_t row0)
 {
-    kernel_at(rows, kc, a, b, NULL, c, ldc, cols, beta, ep, row0);
+    kernel_at(rows, kc, a, b, NULL, 0, c, ldc, cols, beta, ep, row0);
 }
 
 /* ---- driver ------------------------------------------------------------------- */
@@ -443,8 +444,8 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
 }
 
 void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
-                                const int64_t *off, float beta, float *c, int64_t ldc,
-                                const mdl_epilogue *ep)
+                                const int64_t *off, int64_t half, float beta, float *c,
+                                int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -453,7 +454,7 @@ void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const flo
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
         for (int64_t i = 0; i < m; i += MR) {
             const int rows = m - i < MR ? (int)(m - i) : MR;
-            kernel_at(rows, kb, pa + pc * mp + i * kb, b, off + pc, c + i * ldc, ldc, NR,
+            kernel_at(rows, kb, pa + pc * mp + i * kb, b, off + pc, half, c + i * ldc, ldc, NR,
                       beta_eff, last, i);
         }
     }

@@ -37,6 +37,8 @@ CASES = [
     (2, 9, 6, 7, 5, 3, 3, 1, (3, 0)),         # stride 1 but padding > kernel - 1: chunked dx
     (2, 5, 8, 16, 7, 3, 3, 1, 1),             # dw as dot products: 7 channels, 45 rows
     (1, 3, 5, 8, 6, 3, 5, 1, (1, 2)),         # rows 8 wide, rectangular kernel
+    (2, 9, 8, 8, 5, 3, 3, 1, 1),              # 8-wide rows read in place in pairs (y and dx)
+    (1, 4, 6, 8, 3, 5, 5, 1, 2),
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
