@@ -159,6 +159,7 @@ sanitize: $(SAN_OBJS)
 bench: ext
 	$(PYTHON) bench/bench_gemm.py
 	$(PYTHON) bench/bench_membound.py
+	$(PYTHON) bench/bench_conv.py
 
 clean:
 	rm -rf $(BUILD) minidl/_C.c minidl/_cuda.c minidl/*.so minidl/lib minidl/include

@@ -182,15 +182,16 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
          pass++, nb = s->n % g->B ? s->n % g->B : g->B)
         g->gemm_bytes = max_size(g->gemm_bytes, mdl_sgemm_workspace_size(g->K, nb * g->P, s->c_out));
     g->chunk = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes;
-    /* per image: packed weights and per-image channel sums (shared), a column
-     * matrix and a packed B panel per thread; backward-data also the flipped weights */
+    /* the per-image path, shared: forward: the channel sums, the packed weights (for
+     * the GEMM or for Winograd) and the panel table; backward-data: the flipped
+     * weights, then the same for the shape t */
     const int64_t Kt = s->c_out * s->kh * s->kw;
-    /* forward: the sums, then the packed weights (for the GEMM or for Winograd);
-     * backward-data: the flipped weights, then the same for the shape t */
     size_t fixed_f = SUMS_FLOATS(s) + weights_floats(s, g->K) + TABLE_FLOATS(g->K);
     size_t fixed_d = g->direct_data ? FLOATS((size_t)(s->c_in * Kt)) + weights_floats(&t, Kt) +
                                       TABLE_FLOATS(Kt) : 0;
-    const int strided = s->stride_h != 1 || s->stride_w != 1; /* forward needs im2col */
+    /* per thread: a column matrix (strided forward), a packed B panel, the padded
+     * image (B read in place), or Winograd's buffers */
+    const int strided = s->stride_h != 1 || s->stride_w != 1;
     size_t per_f = max_size(FLOATS(strided ? (size_t)(g->K * g->P) : 0) +
                             FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)) +
                             (rows_in_place(s, g->ho, g->wo) ? PADDED_FLOATS(s) : 0),
@@ -198,14 +199,14 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) +
                                              (rows_in_place(&t, s->h, s->w) ? PADDED_FLOATS(&t) : 0),
                                              winograd_thread(&t, s->h, s->w)) : 0;
-    /* backward-weights: a column matrix, the image's packed dy, a packed B panel
-     * and a partial dw per thread */
-    size_t per_w = max_size(FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
-                            FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
-                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)),
-                            weights_dot(s, g->wo) ? DOT_IMAGES(g->P) * PADDED_FLOATS(s) +
-                                                    TABLE_FLOATS(g->K) : 0) +
-                   FLOATS((size_t)(s->c_out * g->K));
+    /* backward-weights, per thread: a partial dw, then the padded images and their
+     * row offsets (dot products) or a column matrix, packed dy and a packed B panel */
+    size_t per_w = FLOATS((size_t)(s->c_out * g->K)) +
+                   (weights_dot(s, g->wo)
+                        ? DOT_IMAGES(g->P) * PADDED_FLOATS(s) + TABLE_FLOATS(g->K)
+                        : FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
+                              FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
+                              FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)));
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
@@ -389,6 +390,16 @@ static void chunk_gather(const conv_geom *g, int64_t c_out, int64_t nb, const fl
 
 /* ---- fast path: one image at a time (implicit GEMM) ------------------------------ */
 
+/* off[k] = where row k = (ci, i, j) of the column matrix starts in an image padded by
+ * pad_image: pixel (oh, ow) of that row is at off[k] + oh * (w + 2 pad_w) + ow
+ * (stride 1) */
+static void padded_offsets(const mdl_conv2d_shape *s, int64_t *off)
+{
+    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    for (int64_t k = 0; k < s->c_in * s->kh * s->kw; k++)
+        off[k] = (k / (s->kh * s->kw) * hp + k / s->kw % s->kh) * wp + k % s->kw;
+}
+
 /* xp (c_in, h + 2 pad_h, w + 2 pad_w) = x (c_in, h, w) of one image with zeros around */
 static void pad_image(const mdl_conv2d_shape *s, const float *x, float *xp)
 {
@@ -422,14 +433,11 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const size_t col_floats = FLOATS(g->pointwise || direct ? 0 : K * P);
     const int64_t *tab = (const int64_t *)(pa + weights_floats(s, K));
     const int in_place = direct && !wino && rows_in_place(s, g->ho, g->wo);
-    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
-    if (in_place) { /* tab: the offset of row k = (ci, i, j) in the padded image */
-        int64_t *off = (int64_t *)tab;
-        for (int64_t k = 0; k < K; k++)
-            off[k] = k / (s->kh * s->kw) * hp * wp + k / s->kw % s->kh * wp + k % s->kw;
-    } else if (direct && !wino) {
+    const int64_t wp = s->w + 2 * s->pad_w;
+    if (in_place)
+        padded_offsets(s, (int64_t *)tab);
+    else if (direct && !wino)
         mdl_conv_panel_table(s, (int64_t *)tab);
-    }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
@@ -479,9 +487,11 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 }
 
 /* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T: each
- * thread sums its share of the images into its own partial dw (dy[b] packed as
- * the A operand, the column matrix read transposed as B), then the partials are
- * added to dw in thread order. */
+ * thread sums its share of the images into its own partial dw, then the partials
+ * are added to dw in thread order.  Stride 1 with rows a multiple of 8 wide: dot
+ * products over padded copies of a few images at a time
+ * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
+ * column matrix read transposed as B. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                               const float *dy, float *dw, int accumulate, float *ws, size_t avail,
                               int nt)
@@ -496,7 +506,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
     const size_t stride = g->per_thread / sizeof(float);
     const int dot = weights_dot(s, g->wo);
-    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
+    const int64_t wp = s->w + 2 * s->pad_w;
 #pragma omp parallel num_threads(nt)
     {
         int t = 0, T = 1;
@@ -511,9 +521,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         float *xp = col;
         const int64_t group = DOT_IMAGES(P);
         int64_t *off = (int64_t *)(xp + group * PADDED_FLOATS(s));
-        if (dot)
-            for (int64_t k = 0; k < K; k++)
-                off[k] = (k / (s->kh * s->kw) * hp + k / s->kw % s->kh) * wp + k % s->kw;
+        if (dot) padded_offsets(s, off);
         const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
         for (int64_t b = b0; b < b1; b++) {
             const float *xb = x + b * image, *src = xb;
