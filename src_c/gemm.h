@@ -10,6 +10,23 @@ void mdl_sgemm_scalar(int trans_a, int trans_b, int64_t i0, int64_t i1, int64_t 
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc);
 
+/* Thread grid tm x tn (tm * tn == nt) of the blocked SIMD kernels, minimising the
+ * largest per-thread tile count for an mt x ntl tile block; ties go to the split
+ * over N (rows of A stay whole, so the threads share one packed A block). */
+static inline void mdl_gemm_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *tn)
+{
+    int64_t best = -1;
+    for (int d = 1; d <= nt; d++) {
+        if (nt % d) continue;
+        int64_t cost = ((mt + d - 1) / d) * ((ntl + nt / d - 1) / (nt / d));
+        if (best < 0 || cost < best) {
+            best = cost;
+            *tm = d;
+            *tn = nt / d;
+        }
+    }
+}
+
 /* What the GEMM kernels do to each final element of C, row by row, while the tile
  * is still in registers: v = v + bias[row] (bias not NULL), v = max(v, 0) (relu),
  * then row_sum[row] += v and row_sumsq[row] += v * v over the row's elements

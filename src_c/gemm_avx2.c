@@ -282,23 +282,6 @@ static void kernel(int rows, int64_t kc, const float *a, const float *b, float *
 
 /* ---- driver ------------------------------------------------------------------- */
 
-/* Thread grid tm x tn (tm * tn == nt) minimising the largest per-thread tile
- * count for an mt x ntl tile block; ties go to the split over N (rows of A
- * stay whole, so both threads stream the same L2-sized A block). */
-static void choose_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *tn)
-{
-    int64_t best = -1;
-    for (int d = 1; d <= nt; d++) {
-        if (nt % d) continue;
-        int64_t cost = ceil_div(mt, d) * ceil_div(ntl, nt / d);
-        if (best < 0 || cost < best) {
-            best = cost;
-            *tm = d;
-            *tn = nt / d;
-        }
-    }
-}
-
 void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc, float *ws)
@@ -319,7 +302,7 @@ void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
         t = omp_get_thread_num();
 #endif
         int tm = 1, tn = 1;
-        choose_grid(T, ceil_div(bl.mb < m ? bl.mb : m, MR), ceil_div(bl.nc < n ? bl.nc : n, NR),
+        mdl_gemm_grid(T, ceil_div(bl.mb < m ? bl.mb : m, MR), ceil_div(bl.nc < n ? bl.nc : n, NR),
                     &tm, &tn);
         const int ti = t / tn, tj = t % tn;
 
