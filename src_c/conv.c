@@ -6,16 +6,20 @@
  *    oracle and the portable fallback;
  *  - the fast path (AVX2 selected), one image at a time: the threads take whole
  *    images, and each image is one GEMM against weights packed once per call
- *    (an implicit GEMM: the image's column matrix (K, P) is built in a
- *    per-thread buffer that stays in L2, or skipped for a 1x1 kernel with stride
- *    1 and no padding).  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
+ *    (an implicit GEMM).  With stride 1 and output rows a multiple of 16 wide
+ *    (or 8 wide, in pairs) the micro-kernel reads B's rows in place from a
+ *    zero-padded copy of the image; otherwise the image's column matrix (K, P)
+ *    is built in a per-thread buffer (none for a 1x1 kernel with stride 1 and no
+ *    padding).  Winograd (winograd_avx2.c) replaces the GEMM where
+ *    use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
  *    channel sums applied by the GEMM's epilogue while each tile is in
  *    registers.  Backward-data with stride 1 is the forward convolution of dy
  *    with the flipped, transposed weights; with a stride (or very few input
  *    channels) it is col = W^T @ dy for a chunk of B images side by side (N = B
  *    * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then col2im.
  *    Backward-weights: each thread adds dy[b] @ col(x[b])^T over its images into
- *    its own partial dw; the partials are added in thread order.
+ *    its own partial dw (for stride 1 as dot products over padded copies); the
+ *    partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -85,19 +89,22 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 }
 
 /* The shared part of the per-image path for shape s (K = c_in * kh * kw): the
- * packed weights (for the GEMM or for Winograd), then the panel table of the
- * implicit GEMM (int64, mdl_conv_panel_table) */
+ * packed weights (for the GEMM or for Winograd), then the row offsets of B read in
+ * place (int64, padded_offsets) */
 static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 {
     return max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)), winograd_fixed(s));
 }
-#define TABLE_FLOATS(K) FLOATS(6 * (size_t)(K))
+#define TABLE_FLOATS(K) FLOATS(2 * (size_t)(K))
 
 /* Stride 1 with output rows a multiple of 16 wide, or 8 wide in pairs: the GEMM reads
- * B's 16-pixel rows in place from a zero-padded copy of the image (no packing) */
+ * B's 16-pixel rows in place from a zero-padded copy of the image (no column matrix,
+ * no packing); not for a pointwise kernel, whose column matrix is the image itself */
 static int rows_in_place(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    return s->stride_h == 1 && s->stride_w == 1 && (wo % 16 == 0 || (wo == 8 && ho % 2 == 0));
+    const int pointwise = s->kh == 1 && s->kw == 1 && s->pad_h == 0 && s->pad_w == 0;
+    return s->stride_h == 1 && s->stride_w == 1 && !pointwise &&
+           (wo % 16 == 0 || (wo == 8 && ho % 2 == 0));
 }
 /* floats of the zero-padded copy of one image */
 #define PADDED_FLOATS(s) FLOATS((s)->c_in * ((s)->h + 2 * (s)->pad_h) * ((s)->w + 2 * (s)->pad_w))
@@ -189,16 +196,18 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     size_t fixed_f = SUMS_FLOATS(s) + weights_floats(s, g->K) + TABLE_FLOATS(g->K);
     size_t fixed_d = g->direct_data ? FLOATS((size_t)(s->c_in * Kt)) + weights_floats(&t, Kt) +
                                       TABLE_FLOATS(Kt) : 0;
-    /* per thread: a column matrix (strided forward), a packed B panel, the padded
-     * image (B read in place), or Winograd's buffers */
-    const int strided = s->stride_h != 1 || s->stride_w != 1;
-    size_t per_f = max_size(FLOATS(strided ? (size_t)(g->K * g->P) : 0) +
-                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)) +
-                            (rows_in_place(s, g->ho, g->wo) ? PADDED_FLOATS(s) : 0),
+    /* per thread: the padded image (B read in place) or a column matrix (none for a
+     * pointwise kernel), and a packed B panel; or Winograd's buffers */
+    const int in_f = rows_in_place(s, g->ho, g->wo);
+    const int in_d = g->direct_data && rows_in_place(&t, s->h, s->w);
+    size_t per_f = max_size((in_f ? PADDED_FLOATS(s) : FLOATS(g->pointwise ? 0 : g->K * g->P)) +
+                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
                             winograd_thread(s, g->ho, g->wo));
-    size_t per_d = g->direct_data ? max_size(FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)) +
-                                             (rows_in_place(&t, s->h, s->w) ? PADDED_FLOATS(&t) : 0),
-                                             winograd_thread(&t, s->h, s->w)) : 0;
+    size_t per_d = g->direct_data
+                       ? max_size((in_d ? PADDED_FLOATS(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
+                                  FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
+                                  winograd_thread(&t, s->h, s->w))
+                       : 0;
     /* backward-weights, per thread: a partial dw, then the padded images and their
      * row offsets (dot products) or a column matrix, packed dy and a packed B panel */
     size_t per_w = FLOATS((size_t)(s->c_out * g->K)) +
@@ -243,8 +252,8 @@ mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out, int
     return mdl_conv2d_check_shape(__func__, s, h_out, w_out);
 }
 
-/* bytes of: the column matrix of one image + the largest SGEMM workspace + slack;
- * 0 for an invalid shape (the calls then report the error) */
+/* bytes for the current thread count (need_for); 0 for an invalid shape (the calls
+ * then report the error) */
 size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 {
     conv_geom g;
@@ -428,16 +437,13 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
     float *thread_ws = ws + g->fixed / sizeof(float);
-    /* stride 1: B panels straight from the image; else the column matrix first */
-    const int direct = s->stride_h == 1 && s->stride_w == 1 && !g->pointwise;
-    const size_t col_floats = FLOATS(g->pointwise || direct ? 0 : K * P);
-    const int64_t *tab = (const int64_t *)(pa + weights_floats(s, K));
-    const int in_place = direct && !wino && rows_in_place(s, g->ho, g->wo);
+    /* per thread: the padded image (B read in place) or the column matrix (none
+     * for a pointwise kernel), then a packed B panel; or Winograd's buffers */
+    const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
+    const size_t col_floats = in_place ? PADDED_FLOATS(s) : FLOATS(g->pointwise ? 0 : K * P);
+    int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = s->w + 2 * s->pad_w;
-    if (in_place)
-        padded_offsets(s, (int64_t *)tab);
-    else if (direct && !wino)
-        mdl_conv_panel_table(s, (int64_t *)tab);
+    if (in_place) padded_offsets(s, off);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
@@ -455,22 +461,15 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 continue;
             }
             if (in_place) {
-                float *xp = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(K));
-                pad_image(s, xb, xp);
+                pad_image(s, xb, col);
                 /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = y + b * c_out * P;
                 const int64_t half = g->wo == 8 ? wp : 8;
                 for (int64_t p = 0; p < P; p += 16) {
                     const int64_t oh = p / g->wo, ow = p % g->wo;
-                    mdl_sgemm_avx2_packed_rows(c_out, K, pa, xp + oh * wp + ow, tab, half, 0.0f,
+                    mdl_sgemm_avx2_packed_rows(c_out, K, pa, col + oh * wp + ow, off, half, 0.0f,
                                                yb + p, P, e);
                 }
-                continue;
-            }
-            if (direct) {
-                const mdl_conv_src cs = {s, g->wo, xb, tab};
-                mdl_sgemm_avx2_packed_from(c_out, P, K, pa, mdl_conv_pack_panel_avx2, &cs, 0.0f,
-                                           y + b * c_out * P, P, e, bbuf);
                 continue;
             }
             if (!g->pointwise) {

@@ -38,18 +38,6 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
                           int64_t ld, float *dx, int64_t c0, int64_t c1);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
 
-/* The implicit GEMM's B operand for stride 1: panels of the column matrix of one
- * image x (c_in, h, w) packed straight from x, without the column matrix.  tab
- * holds, for each row k = (ci, i, j), {ci * h * w, i - pad_h, j - pad_w}
- * (mdl_conv_panel_table, 3 * c_in * kh * kw values). */
-typedef struct mdl_conv_src {
-    const mdl_conv2d_shape *s;
-    int64_t wo;
-    const float *x;
-    const int64_t *tab;
-} mdl_conv_src;
-void mdl_conv_panel_table(const mdl_conv2d_shape *s, int64_t *tab);
-
 /* The weight gradient of a few images for stride 1 with rows a multiple of 8 wide,
  * as dot products along the pixels, both operands read in place: part (c_out, K) =
  * (first ? 0 : part) + sum over the images of dy (c_out, ho * wo) @ col^T, where
@@ -58,11 +46,8 @@ void mdl_conv_panel_table(const mdl_conv2d_shape *s, int64_t *tab);
 void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                int64_t images, int64_t xp_stride, const float *dy,
                                const float *xp, const int64_t *off, int first, float *part);
-/* an mdl_pack_panel (gemm.h) for src = an mdl_conv_src */
-void mdl_conv_pack_panel_avx2(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols,
-                              float *dst);
 
-/* Winograd F(2x2, 3x3) (winograd_avx2.c): for 3x3 kernels, stride 1, padding <= 2.
+/* Winograd F(2x2, 3x3) and F(2x2, 5x5) (winograd_avx2.c): stride 1, padding < kernel.
  * The weights are transformed once per call into `fixed` (fixed_floats); each
  * image then needs thread_floats of scratch.  Buffers 64-byte aligned. */
 int mdl_winograd_applies(const mdl_conv2d_shape *s);

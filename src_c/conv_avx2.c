@@ -43,44 +43,9 @@ static inline void gather2_row(float *d, const float *src, int64_t count)
     for (; k < count; k++) d[k] = src[2 * k];
 }
 
-/* im2col for stride 1 with "same" padding (output size = input size) and rows a
- * multiple of 8 wide: row (ci, i, j) is plane ci shifted by (i - pad_h) rows and
- * (j - pad_w) columns, so each 8 outputs are one masked load (the mask clears the
- * columns that fall outside the image; it also keeps the loads inside the
- * tensor) and one store. */
-static void im2col_same(const mdl_conv2d_shape *s, const float *x, float *col, int64_t ld,
-                        int64_t r0, int64_t r1)
-{
-    const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, P = h * w;
-    const __m256 zero = _mm256_setzero_ps();
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t ci = r / (kh * kw), di = r / kw % kh - s->pad_h, dj = r % kw - s->pad_w;
-        const float *plane = x + ci * P + di * w + dj;
-        float *dst = col + r * ld;
-        for (int64_t oh = 0; oh < h; oh++) {
-            float *d = dst + oh * w;
-            const int64_t ih = oh + di;
-            if (ih < 0 || ih >= h) {
-                for (int64_t ow = 0; ow < w; ow += 8) _mm256_storeu_ps(d + ow, zero);
-                continue;
-            }
-            const float *src = plane + oh * w;
-            for (int64_t ow = 0; ow < w; ow += 8) {
-                const int64_t lo = -dj - ow, hi = w - dj - ow; /* lanes with 0 <= iw < w */
-                _mm256_storeu_ps(d + ow, lo <= 0 && hi >= 8 ? _mm256_loadu_ps(src + ow)
-                                         : _mm256_maskload_ps(src + ow, mdl_lane_mask(lo, hi)));
-            }
-        }
-    }
-}
-
 void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
                           float *col, int64_t ld, int64_t r0, int64_t r1)
 {
-    if (s->stride_h == 1 && s->stride_w == 1 && ho == s->h && wo == s->w && wo % 8 == 0) {
-        im2col_same(s, x, col, ld, r0, r1);
-        return;
-    }
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
     for (int64_t r = r0; r < r1; r++) {
         int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
@@ -181,90 +146,6 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
                         for (int64_t ow = ow0; ow < ow1; ow++) d[ow * sw] += src[ow];
                     }
                 }
-            }
-        }
-    }
-}
-
-void mdl_conv_panel_table(const mdl_conv2d_shape *s, int64_t *tab)
-{
-    const int64_t kk = s->kh * s->kw;
-    for (int64_t k = 0; k < s->c_in * kk; k++) {
-        tab[3 * k] = k / kk * s->h * s->w;
-        tab[3 * k + 1] = k % kk / s->kw - s->pad_h;
-        tab[3 * k + 2] = k % s->kw - s->pad_w;
-    }
-}
-
-/* Columns [j0, j0 + cols) of the panel are output pixels; they fall into runs
- * of consecutive pixels of one output row (one run when the row is at least 16
- * wide).  A row of the panel, k = (ci, i, j), copies each run from input row
- * oh + i - pad_h starting at column ow + j - pad_w, zero outside the image:
- * unmasked 8-wide copies inside, masked loads at the borders.  A run's last
- * 8-wide store may run past its end: what it writes there is zero, and the next
- * run (or the next panel row) overwrites it. */
-void mdl_conv_pack_panel_avx2(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols,
-                              float *dst)
-{
-    const mdl_conv_src *c = src;
-    const int64_t h = c->s->h, w = c->s->w, wo = c->wo;
-    int64_t roh[16], row0[16], rlen[16], roff[16];
-    int nr = 0;
-    for (int64_t q = 0; q < cols; nr++) {
-        const int64_t p = j0 + q, oh = p / wo, ow = p - oh * wo;
-        const int64_t len = cols - q < wo - ow ? cols - q : wo - ow;
-        roh[nr] = oh;
-        row0[nr] = ow;
-        rlen[nr] = len;
-        roff[nr] = q;
-        q += len;
-    }
-    const __m256 zero = _mm256_setzero_ps();
-    if (nr == 1 && cols == 16) { /* one run of 16 pixels: the common case, kept short */
-        const int64_t oh = roh[0], ow = row0[0];
-        for (int64_t p = 0; p < kb; p++) {
-            const int64_t *t = c->tab + 3 * (k0 + p);
-            const int64_t ih = oh + t[1], iw0 = ow + t[2];
-            float *d = dst + p * 16;
-            if ((uint64_t)ih >= (uint64_t)h) {
-                _mm256_store_ps(d, zero);
-                _mm256_store_ps(d + 8, zero);
-                continue;
-            }
-            const float *sp = c->x + t[0] + ih * w + iw0;
-            if (iw0 >= 0 && iw0 + 16 <= w) {
-                _mm256_store_ps(d, _mm256_loadu_ps(sp));
-                _mm256_store_ps(d + 8, _mm256_loadu_ps(sp + 8));
-            } else {
-                const int64_t lo = -iw0, hi = w - iw0;
-                _mm256_store_ps(d, _mm256_maskload_ps(sp, mdl_lane_mask(lo, hi)));
-                _mm256_store_ps(d + 8, _mm256_maskload_ps(sp + 8, mdl_lane_mask(lo - 8, hi - 8)));
-            }
-        }
-        return;
-    }
-    for (int64_t p = 0; p < kb; p++) {
-        const int64_t *t = c->tab + 3 * (k0 + p);
-        const float *plane = c->x + t[0];
-        float *d = dst + p * 16;
-        if (cols < 16) {
-            _mm256_storeu_ps(d, zero);
-            _mm256_storeu_ps(d + 8, zero);
-        }
-        for (int r = 0; r < nr; r++) {
-            const int64_t ih = roh[r] + t[1], iw0 = row0[r] + t[2], len = rlen[r];
-            float *dd = d + roff[r];
-            if (ih < 0 || ih >= h) {
-                for (int64_t l = 0; l < len; l += 8) _mm256_storeu_ps(dd + l, zero);
-                continue;
-            }
-            const float *sp = plane + ih * w + iw0;
-            const int64_t lo = iw0 < 0 ? -iw0 : 0, hi = w - iw0 < len ? w - iw0 : len;
-            for (int64_t l = 0; l < len; l += 8) {
-                __m256 v = l >= lo && l + 8 <= hi
-                               ? _mm256_loadu_ps(sp + l)
-                               : _mm256_maskload_ps(sp + l, mdl_lane_mask(lo - l, hi - l));
-                _mm256_storeu_ps(dd + l, v);
             }
         }
     }

@@ -60,26 +60,17 @@ void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const
 void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf);
-/* The same with B given by a function that writes one packed panel: dst[p * 16 + c]
- * = B[k0 + p][j0 + c] for p < kb, c < cols, and 0 for cols <= c < 16 (an implicit
- * GEMM packs straight from an image).  It may write up to 16 floats past the
- * panel's end: bbuf has room for them. */
+/* The same contract for the blocked AVX-512F SGEMM (gemm_avx512.c). */
+size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k);
+void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc, float *ws);
 /* One 16-column panel of C (m x 16) = pa @ B with B's rows read in place: row p is
  * the 8 floats at b + off[p] followed by the 8 at b + off[p] + half (half = 8: 16
  * pixels of one row of a padded image; the row stride: two rows 8 wide). */
 void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
                                 const int64_t *off, int64_t half, float beta, float *c,
                                 int64_t ldc, const mdl_epilogue *ep);
-typedef void (*mdl_pack_panel)(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols,
-                               float *dst);
-void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa,
-                                mdl_pack_panel pack, const void *src, float beta, float *c,
-                                int64_t ldc, const mdl_epilogue *ep, float *bbuf);
-/* The same contract for the blocked AVX-512F SGEMM (gemm_avx512.c). */
-size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k);
-void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                      float *c, int64_t ldc, float *ws);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_sgemm_avx2_workspace_floats(m, n, k) ((void)(m), (void)(n), (void)(k), (size_t)0)
 #  define mdl_sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws) \

@@ -67,26 +67,6 @@ size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k)
 
 /* ---- packing ------------------------------------------------------------------ */
 
-/* In-register transpose of 8 rows of 8 floats. */
-static inline void transpose8(__m256 r[8])
-{
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 /* One A micro-panel: dst[p * MR + r] = alpha * op(A)[i0 + r][p0 + p] for
  * r < rows (zero for rows <= r < MR), p < kc. */
@@ -113,7 +93,7 @@ static void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t
         for (int r = 0; r < MR; r++)
             v[r] = r < rows ? _mm256_mul_ps(va, _mm256_loadu_ps(src[r] + p)) : zero;
         v[6] = v[7] = zero;
-        transpose8(v);
+        mdl_transpose8_ps(v);
         float *d = dst + p * MR;
         /* each column is 6 floats: 8-wide stores overlap the next column, which
          * is written afterwards; the last one must not run past this panel */
@@ -160,7 +140,7 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
             __m256 v[8];
             for (int j = 0; j < 8; j++)
                 v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
-            transpose8(v);
+            mdl_transpose8_ps(v);
             for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
         }
     }
@@ -382,12 +362,12 @@ void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const
 
 size_t mdl_sgemm_avx2_packed_b_floats(int64_t k)
 {
-    return (size_t)(plan_blocks(1, 1, k).kc * NR + NR); /* + NR: see mdl_pack_panel */
+    return (size_t)(plan_blocks(1, 1, k).kc * NR);
 }
 
-void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa,
-                                mdl_pack_panel pack, const void *src, float beta, float *c,
-                                int64_t ldc, const mdl_epilogue *ep, float *bbuf)
+void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
+                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                           const mdl_epilogue *ep, float *bbuf)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -396,7 +376,7 @@ void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
         for (int64_t j = 0; j < n; j += NR) {
             const int cols = n - j < NR ? (int)(n - j) : NR;
-            pack(src, pc, kb, j, cols, bbuf);
+            pack_b(trans_b, b, ldb, j, pc, cols, kb, bbuf);
             for (int64_t i = 0; i < m; i += MR) {
                 const int rows = m - i < MR ? (int)(m - i) : MR;
                 kernel(rows, kb, pa + pc * mp + i * kb, bbuf, c + i * ldc + j, ldc, cols,
@@ -404,26 +384,6 @@ void mdl_sgemm_avx2_packed_from(int64_t m, int64_t n, int64_t k, const float *pa
             }
         }
     }
-}
-
-typedef struct matrix_b {
-    int trans;
-    const float *b;
-    int64_t ldb;
-} matrix_b;
-
-static void pack_matrix(const void *src, int64_t k0, int64_t kb, int64_t j0, int cols, float *dst)
-{
-    const matrix_b *m = src;
-    pack_b(m->trans, m->b, m->ldb, j0, k0, cols, kb, dst);
-}
-
-void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
-                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
-                           const mdl_epilogue *ep, float *bbuf)
-{
-    const matrix_b src = {trans_b, b, ldb};
-    mdl_sgemm_avx2_packed_from(m, n, k, pa, pack_matrix, &src, beta, c, ldc, ep, bbuf);
 }
 
 void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,

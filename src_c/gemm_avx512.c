@@ -34,6 +34,7 @@
 #  include <omp.h>
 #endif
 #include "gemm.h"
+#include "simd_avx2.h"
 
 #ifndef MR
 #  define MR 14      /* rows of a micro-tile (<= 14: 2 * MR accumulators + B + spare) */
@@ -85,26 +86,6 @@ static inline __mmask16 lanes(int64_t count)
 
 /* ---- packing ------------------------------------------------------------------ */
 
-/* In-register transpose of 8 rows of 8 floats. */
-static inline void transpose8x8(__m256 r[8])
-{
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 /* Store the low `count` floats of an 8-wide vector (count <= 8). */
 static inline void store8_lanes(float *dst, __m256 v, int count)
@@ -139,7 +120,7 @@ static void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t
             for (int r = 0; r < 8; r++)
                 v[r] = h * 8 + r < rows ? _mm256_mul_ps(va, _mm256_loadu_ps(src[h * 8 + r] + p))
                                         : zero;
-            transpose8x8(v);
+            mdl_transpose8_ps(v);
             const int width = MR - h * 8 < 8 ? MR - h * 8 : 8;
             for (int q = 0; q < 8; q++) store8_lanes(dst + (p + q) * MR + h * 8, v[q], width);
         }
@@ -190,7 +171,7 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
                 __m256 v[8];
                 for (int j = 0; j < 8; j++)
                     v[j] = h * 8 + j < cols ? _mm256_loadu_ps(src[h * 8 + j] + p) : zero;
-                transpose8x8(v);
+                mdl_transpose8_ps(v);
                 for (int q = 0; q < 8; q++) _mm256_store_ps(dst + (p + q) * NR + h * 8, v[q]);
             }
         }
