@@ -6,11 +6,12 @@
  *    oracle and the portable fallback;
  *  - the fast path (AVX2 selected), one image at a time: the threads take whole
  *    images, and each image is one GEMM against weights packed once per call
- *    (an implicit GEMM).  With stride 1 and output rows a multiple of 16 wide
- *    (or 8 wide, in pairs) the micro-kernel reads B's rows in place from a
- *    zero-padded copy of the image; otherwise the image's column matrix (K, P)
- *    is built in a per-thread buffer (none for a 1x1 kernel with stride 1 and no
- *    padding).  Winograd (winograd_avx2.c) replaces the GEMM where
+ *    (an implicit GEMM).  With output rows a multiple of 16 wide (or 8 wide, in
+ *    pairs) the micro-kernel reads B's rows in place from the image's phase
+ *    planes (a zero-padded copy, split by the stride so that the pixels a tap
+ *    reads for an output row are contiguous); otherwise the image's column
+ *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
+ *    stride 1 and no padding).  Winograd (winograd_avx2.c) replaces the GEMM where
  *    use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
  *    channel sums applied by the GEMM's epilogue while each tile is in
  *    registers.  Backward-data with stride 1 is the forward convolution of dy
@@ -18,8 +19,8 @@
  *    channels) it is col = W^T @ dy for a chunk of B images side by side (N = B
  *    * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then col2im.
  *    Backward-weights: each thread adds dy[b] @ col(x[b])^T over its images into
- *    its own partial dw (for stride 1 as dot products over padded copies); the
- *    partials are added in thread order.
+ *    its own partial dw (with rows a multiple of 8 wide, as dot products over
+ *    the phase planes); the partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -97,24 +98,45 @@ static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 }
 #define TABLE_FLOATS(K) FLOATS(2 * (size_t)(K))
 
-/* Stride 1 with output rows a multiple of 16 wide, or 8 wide in pairs: the GEMM reads
- * B's 16-pixel rows in place from a zero-padded copy of the image (no column matrix,
- * no packing); not for a pointwise kernel, whose column matrix is the image itself */
+/* Output rows a multiple of 16 wide, or 8 wide in pairs: the GEMM reads B's 16-pixel
+ * rows in place from the image's phase planes (no column matrix, no packing); not for
+ * a pointwise kernel, whose column matrix is the image itself */
 static int rows_in_place(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const int pointwise = s->kh == 1 && s->kw == 1 && s->pad_h == 0 && s->pad_w == 0;
-    return s->stride_h == 1 && s->stride_w == 1 && !pointwise &&
-           (wo % 16 == 0 || (wo == 8 && ho % 2 == 0));
+    const int pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
+                          s->pad_h == 0 && s->pad_w == 0;
+    return !pointwise && (wo % 16 == 0 || (wo == 8 && ho % 2 == 0));
 }
-/* floats of the zero-padded copy of one image */
-#define PADDED_FLOATS(s) FLOATS((s)->c_in * ((s)->h + 2 * (s)->pad_h) * ((s)->w + 2 * (s)->pad_w))
 
-/* the weight gradient as dot products over padded copies (mdl_conv_weights_dot_avx2),
+/* The phase planes of an image (phase_image): with strides (sh, sw), plane (r, q)
+ * holds the zero-padded image's pixels (sh * y + r, sw * x + q), so that the pixels a
+ * kernel tap reads for one output row are contiguous.  Only the planes some tap reads
+ * exist (r < min(sh, kh), q < min(sw, kw)); with stride 1 the one plane is the padded
+ * image. */
+typedef struct phases {
+    int64_t nr, nq;      /* planes: nr x nq */
+    int64_t rows, cols;  /* of a plane: ceil(padded size / stride) */
+} phases;
+
+static phases phases_of(const mdl_conv2d_shape *s)
+{
+    phases f;
+    f.nr = s->stride_h < s->kh ? s->stride_h : s->kh;
+    f.nq = s->stride_w < s->kw ? s->stride_w : s->kw;
+    f.rows = (s->h + 2 * s->pad_h + s->stride_h - 1) / s->stride_h;
+    f.cols = (s->w + 2 * s->pad_w + s->stride_w - 1) / s->stride_w;
+    return f;
+}
+/* floats of the phase planes of one image */
+#define PADDED_FLOATS(s) FLOATS((s)->c_in * phases_of(s).nr * phases_of(s).nq * \
+                                phases_of(s).rows * phases_of(s).cols)
+
+/* the weight gradient as dot products over phase planes (mdl_conv_weights_dot_avx2),
  * of enough images at a time that the accumulators sum about 512 pixels */
 #define DOT_IMAGES(P) ((P) >= 512 ? 1 : (512 + (P) - 1) / (P))
 static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
 {
-    return s->stride_h == 1 && s->stride_w == 1 && wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
+    return wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
 }
 
 static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
@@ -399,25 +421,26 @@ static void chunk_gather(const conv_geom *g, int64_t c_out, int64_t nb, const fl
 
 /* ---- fast path: one image at a time (implicit GEMM) ------------------------------ */
 
-/* off[k] = where row k = (ci, i, j) of the column matrix starts in an image padded by
- * pad_image: pixel (oh, ow) of that row is at off[k] + oh * (w + 2 pad_w) + ow
- * (stride 1) */
+/* off[k] = where row k = (ci, i, j) of the column matrix starts in the phase planes
+ * (phase_image): pixel (oh, ow) of that row is at off[k] + oh * cols + ow */
 static void padded_offsets(const mdl_conv2d_shape *s, int64_t *off)
 {
-    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
-    for (int64_t k = 0; k < s->c_in * s->kh * s->kw; k++)
-        off[k] = (k / (s->kh * s->kw) * hp + k / s->kw % s->kh) * wp + k % s->kw;
+    const phases f = phases_of(s);
+    for (int64_t k = 0; k < s->c_in * s->kh * s->kw; k++) {
+        const int64_t ci = k / (s->kh * s->kw), i = k / s->kw % s->kh, j = k % s->kw;
+        const int64_t plane = (ci * f.nr + i % s->stride_h) * f.nq + j % s->stride_w;
+        off[k] = (plane * f.rows + i / s->stride_h) * f.cols + j / s->stride_w;
+    }
 }
 
-/* xp (c_in, h + 2 pad_h, w + 2 pad_w) = x (c_in, h, w) of one image with zeros around */
-static void pad_image(const mdl_conv2d_shape *s, const float *x, float *xp)
+static void phase_image(const mdl_conv2d_shape *s, const float *x, float *xp)
 {
-    const int64_t hp = s->h + 2 * s->pad_h, wp = s->w + 2 * s->pad_w;
-    memset(xp, 0, (size_t)(s->c_in * hp * wp) * sizeof(float));
-    for (int64_t ci = 0; ci < s->c_in; ci++)
-        for (int64_t ih = 0; ih < s->h; ih++)
-            memcpy(xp + (ci * hp + ih + s->pad_h) * wp + s->pad_w, x + (ci * s->h + ih) * s->w,
-                   (size_t)s->w * sizeof(float));
+#if MDL_X86
+    const phases f = phases_of(s);
+    mdl_conv_phase_image_avx2(s, f.nr, f.nq, f.rows, f.cols, x, xp);
+#else
+    (void)s, (void)x, (void)xp;
+#endif
 }
 
 /* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
@@ -442,7 +465,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
     const size_t col_floats = in_place ? PADDED_FLOATS(s) : FLOATS(g->pointwise ? 0 : K * P);
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
-    const int64_t wp = s->w + 2 * s->pad_w;
+    const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
@@ -461,7 +484,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 continue;
             }
             if (in_place) {
-                pad_image(s, xb, col);
+                phase_image(s, xb, col);
                 /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = y + b * c_out * P;
                 const int64_t half = g->wo == 8 ? wp : 8;
@@ -487,8 +510,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 
 /* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T: each
  * thread sums its share of the images into its own partial dw, then the partials
- * are added to dw in thread order.  Stride 1 with rows a multiple of 8 wide: dot
- * products over padded copies of a few images at a time
+ * are added to dw in thread order.  Rows a multiple of 8 wide (not a 1x1 kernel): dot
+ * products over the phase planes of a few images at a time
  * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
  * column matrix read transposed as B. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
@@ -505,7 +528,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
     const size_t stride = g->per_thread / sizeof(float);
     const int dot = weights_dot(s, g->wo);
-    const int64_t wp = s->w + 2 * s->pad_w;
+    const int64_t wp = phases_of(s).cols;
 #pragma omp parallel num_threads(nt)
     {
         int t = 0, T = 1;
@@ -527,7 +550,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
             if (dot) {
                 const int64_t nb = b1 - b < group ? b1 - b : group;
                 for (int64_t q = 0; q < nb; q++)
-                    pad_image(s, xb + q * image, xp + q * PADDED_FLOATS(s));
+                    phase_image(s, xb + q * image, xp + q * PADDED_FLOATS(s));
                 mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, PADDED_FLOATS(s),
                                           dy + b * c_out * P, xp, off, b == b0, part);
                 b += nb - 1;

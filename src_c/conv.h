@@ -37,11 +37,15 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
                           int64_t ld, float *dx, int64_t c0, int64_t c1);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
+/* One image's phase planes xp (c_in, nr, nq, rows, cols): plane (r, q) holds the
+ * pixels (stride_h * y + r, stride_w * x + q) of x (c_in, h, w) padded with zeros */
+void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
+                               int64_t cols, const float *x, float *xp);
 
-/* The weight gradient of a few images for stride 1 with rows a multiple of 8 wide,
+/* The weight gradient of a few images with rows a multiple of 8 wide,
  * as dot products along the pixels, both operands read in place: part (c_out, K) =
  * (first ? 0 : part) + sum over the images of dy (c_out, ho * wo) @ col^T, where
- * col row k is the image's padded copy (row stride wp; copies xp_stride floats
+ * col row k is the image's phase planes (row stride wp; images xp_stride floats
  * apart) shifted by off[k] */
 void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                int64_t images, int64_t xp_stride, const float *dy,

@@ -73,6 +73,51 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
     }
 }
 
+#define PHASE_LINE 1024 /* floats: rows up to this wide (padded) take the vector path */
+
+void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
+                               int64_t cols, const float *x, float *xp)
+{
+    const int64_t sh = s->stride_h, sw = s->stride_w, plane = rows * cols;
+    /* stride 1: the rows copied into place; stride 2: each input row once into a zero-padded
+     * line, its even and odd columns split by whole vectors into `out`, then copied
+     * to the planes; other strides element by element */
+    const int64_t vcols = (cols + 7) / 8 * 8;
+    const int line_path = sw == 2 && 2 * vcols + 16 <= PHASE_LINE;
+    float line[PHASE_LINE] __attribute__((aligned(32))), out[PHASE_LINE / 2];
+    if (line_path) memset(line, 0, sizeof line);
+    memset(xp, 0, (size_t)(s->c_in * nr * nq * plane) * sizeof(float)); /* the padding */
+    for (int64_t ci = 0; ci < s->c_in; ci++)
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t y = 0; y < rows; y++) {
+                const int64_t ih = sh * y + r - s->pad_h;
+                float *d = xp + (ci * nr + r) * nq * plane + y * cols; /* plane (r, 0) */
+                if (ih < 0 || ih >= s->h) continue;
+                const float *src = x + (ci * s->h + ih) * s->w;
+                if (sw == 1) { /* the padded row */
+                    memcpy(d + s->pad_w, src, (size_t)s->w * sizeof(float));
+                    continue;
+                }
+                if (line_path) {
+                    /* line[p] = padded column p; only [pad_w, pad_w + w) is ever non-zero */
+                    memcpy(line + s->pad_w, src, (size_t)s->w * sizeof(float));
+                    for (int64_t q = 0; q < nq; q++) {
+                        for (int64_t c = 0; c < vcols; c += 8)
+                            _mm256_storeu_ps(out + c, mdl_even_lanes(
+                                _mm256_loadu_ps(line + 2 * c + q),
+                                _mm256_loadu_ps(line + 2 * c + q + 8)));
+                        memcpy(d + q * plane, out, (size_t)cols * sizeof(float));
+                    }
+                    continue;
+                }
+                for (int64_t q = 0; q < nq; q++)
+                    for (int64_t c = 0; c < cols; c++) {
+                        const int64_t iw = sw * c + q - s->pad_w;
+                        d[q * plane + c] = iw >= 0 && iw < s->w ? src[iw] : 0.0f;
+                    }
+            }
+}
+
 /* sum of p[0, count) */
 float mdl_conv_sum_avx2(const float *p, int64_t count)
 {

@@ -39,6 +39,11 @@ CASES = [
     (1, 3, 5, 8, 6, 3, 5, 1, (1, 2)),         # rows 8 wide, rectangular kernel
     (2, 9, 8, 8, 5, 3, 3, 1, 1),              # 8-wide rows read in place in pairs (y and dx)
     (1, 4, 6, 8, 3, 5, 5, 1, 2),
+    # strided rows read in place from the image's phase planes
+    (2, 5, 16, 16, 6, 3, 3, 2, 1),            # 8 wide, in pairs
+    (2, 6, 32, 31, 5, 1, 1, 2, 0),            # 1x1: one plane of the four
+    (1, 3, 10, 46, 4, 2, 2, 3, 1),            # stride larger than the kernel
+    (1, 4, 9, 18, 3, 3, 3, (2, 1), 0),        # strides (2, 1): two planes
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
