@@ -227,11 +227,12 @@ def _conv_shapes(x: np.ndarray, w: np.ndarray, stride, padding):
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
-           stride: IntPair = 1, padding: IntPair = 0) -> np.ndarray:
+           stride: IntPair = 1, padding: IntPair = 0, relu: bool = False) -> np.ndarray:
     """2-D convolution (cross-correlation) with zero padding [torch.nn.functional.conv2d].
 
     x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), b: (C_out,) or None.
     stride (>= 1) and padding (>= 0): an int or an (h, w) pair.
+    relu: return max(y, 0), applied by the convolution's epilogue (no second pass).
     Returns y: (N, C_out, H_out, W_out), H_out = (H + 2 * pad_h - kh) // stride_h + 1.
     """
     x = _input("x", x, 4, "(N, C_in, H, W)")
@@ -246,8 +247,12 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
     y = _empty(x, (x.shape[0], c_out, ho, wo))
     if x.shape[0] == 0:
         return y
-    k.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1),
-                     _workspace(k, x, "conv2d_workspace_size", shape))
+    ws = _workspace(k, x, "conv2d_workspace_size", shape)
+    if relu:
+        k.conv2d_forward_ex(shape, x.reshape(-1), w.reshape(-1), _flat(b), True, None, None,
+                            y.reshape(-1), ws)
+    else:
+        k.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1), ws)
     return y
 
 

@@ -292,6 +292,13 @@ def test_forward_epilogue(simd, threads, rng, case):
                        atol=1e-6 * np.sqrt(m) * np.abs(plain).max() ** 2)
 
 
+def test_ops_conv2d_relu_is_the_epilogue(simd, rng):
+    """ops.conv2d(relu=True) is max(conv2d, 0) exactly: the same products, ReLU in the store."""
+    x, wt, b, kw = make(rng, BIG[0])
+    np.testing.assert_array_equal(ops.conv2d(x, wt, b, relu=True, **kw),
+                                  np.maximum(ops.conv2d(x, wt, b, **kw), 0))
+
+
 def test_workspace(simd, rng):
     case = (2, 3, 9, 8, 5, 3, 3, 1, 1)
     x, wt, b, kw = make(rng, case)

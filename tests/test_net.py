@@ -1,13 +1,17 @@
 """Net: building, shape inference and its error messages, names, state; the model
 zoo; the Plan and its memory prediction against what the executor holds."""
 import json
+import os
+import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from minidl import Net, models, nn
 from minidl.nn import ShapeError
-from minidl.plan import make_plan
+from minidl.plan import inference_fusion, make_plan
 from minidl.runtime import Executor
 
 
@@ -164,3 +168,64 @@ def test_predict_uses_running_statistics_and_no_dropout(rng):
     ex.train_step(x, rng.integers(0, 4, 8))
     assert int(net.buffers()["bn.num_batches_tracked"]) == 1
     assert not np.allclose(net.buffers()["bn.running_mean"], 0)
+
+
+def test_inference_fusion_finds_conv_bn_relu_chains():
+    g = inference_fusion(models.build("resnet20", seed=None))
+    assert g["conv1"] == ["bn1", "relu"]
+    assert g["layer1.0.conv1"] == ["layer1.0.bn1", "layer1.0.relu1"]
+    assert g["layer1.0.conv2"] == ["layer1.0.bn2"]  # then the add: the ReLU reads the sum
+    assert g["layer2.0.downsample.0"] == ["layer2.0.downsample.1"]
+    assert len(g) == 21  # every convolution
+    # conv1 feeds a pool; conv2 and conv3 a ReLU
+    assert inference_fusion(models.build("cifar10_quick", seed=None)) == {
+        "conv2": ["relu2"], "conv3": ["relu3"]}
+    # an output read twice exists: nothing after it is absorbed
+    net = Net((2, 6, 6))
+    net.add("conv", nn.Conv2d(out_channels=3, padding=1))
+    net.add("bn", nn.BatchNorm2d())
+    net.add("relu", nn.ReLU())
+    net.add("sum", nn.Add(), inputs=["bn", "relu"])
+    assert inference_fusion(net) == {"conv": ["bn"]}
+
+
+@pytest.mark.parametrize("name", ["resnet20", "cifar10_quick"])
+def test_predict_folds_batchnorm_and_fuses_relu(name, rng):
+    """Evaluation with BatchNorm folded into the convolutions and ReLU in their epilogue
+    gives the unfused logits within float32 rounding (bit for bit without a fold)."""
+    net = models.build(name, seed=1)
+    for k, b in net.buffers().items():  # statistics far from the identity
+        if k.endswith("running_mean"):
+            b[...] = rng.standard_normal(b.shape)
+        elif k.endswith("running_var"):
+            b[...] = rng.uniform(0.2, 3.0, b.shape)
+    for k, p in net.parameters().items():
+        if "bn" in k or "downsample.1" in k:
+            p.data[...] = rng.uniform(0.5, 1.5, p.data.shape)
+    x = rng.standard_normal((3, *net.input_shape)).astype(np.float32)
+    fused = Executor(net, batch_size=3)
+    assert fused.inference_groups == inference_fusion(net)
+    plain = Executor(net, batch_size=3, fuse_inference=False).predict(x)
+    got = fused.predict(x)
+    if name == "cifar10_quick":
+        np.testing.assert_array_equal(got, plain)
+    else:
+        assert np.abs(got - plain).max() <= 1e-5 * np.abs(plain).max()
+    # training is not fused: the step's logits are the unfused forward's
+    ex = Executor(net, batch_size=3)
+    ref_ex = Executor(net, batch_size=3, fuse_inference=False)
+    y = rng.integers(0, 10, 3)
+    np.testing.assert_array_equal(ex.train_step(x, y)[1], ref_ex.train_step(x, y)[1])
+
+
+def test_cpu_executor_keeps_freed_memory_unless_told_not_to():
+    code = ("import numpy as np; from minidl import models; from minidl.runtime import Executor,"
+            " keep_freed_memory; Executor(models.build('lenet', seed=None)); "
+            "print(keep_freed_memory())")
+    env = dict(os.environ)
+    glibc = platform.libc_ver()[0] == "glibc"
+    for value, want in (("1", str(glibc)), ("0", "False")):
+        env["MINIDL_KEEP_MEMORY"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert out == want

@@ -174,6 +174,18 @@ class Conv2d(Layer):
                        stride=self.stride, padding=self.padding)
         return y, xs[0]
 
+    def forward_folded(self, x, scale=None, shift=None, relu: bool = False):
+        """Evaluation-mode forward (host arrays) with a per-channel affine map y * scale
+        + shift folded into the weights and bias (a following BatchNorm's,
+        BatchNorm2d.folding) and ReLU applied by the convolution's epilogue: one pass
+        over the output instead of up to three."""
+        w, b = self.params["weight"].data, self.params.get("bias")
+        b = None if b is None else b.data
+        if scale is not None:
+            w = (w * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+            b = ((0.0 if b is None else b) * scale + shift).astype(np.float32)
+        return ops.conv2d(x, w, b, stride=self.stride, padding=self.padding, relu=relu)
+
     def backward(self, dy, saved, need_dx=True):
         w = self.params["weight"]
         dx, w.grad, db = ops.conv2d_backward(saved, w.data, dy, stride=self.stride,
@@ -227,6 +239,13 @@ class BatchNorm2d(Layer):
 
     def saved_bytes(self):
         return 8 * self.num_features  # the batch mean and 1/std, float32 per channel
+
+    def folding(self):
+        """(scale, shift), float64 per channel: evaluation mode is x * scale + shift."""
+        b = self.buffers
+        scale = self.params["weight"].data / np.sqrt(b["running_var"].astype(np.float64)
+                                                     + self.eps)
+        return scale, self.params["bias"].data - b["running_mean"] * scale
 
     def forward(self, xs, training, seed=0):
         b = self.buffers

@@ -4,7 +4,9 @@ A Plan lists the steps of a Net in execution order (one per layer node) with the
 decisions later planner passes make: the device each step runs on, the slices of a
 batch, and which activations are kept for backward.  Today's only plan is the plain
 one: everything on one device (cpu, sim or cuda:N), unfused, one slice, every
-activation a layer needs for backward kept in memory.  `make_plan` also predicts the
+activation a layer needs for backward kept in memory.  `inference_fusion` says
+which layers each convolution absorbs in evaluation mode (BatchNorm folded into
+its weights, ReLU in its epilogue).  `make_plan` also predicts the
 step's peak memory by replaying the executor's allocation order over the tensor
 sizes, without running a kernel: `peak` = parameters + float buffers + optimizer
 state + the step's peak (the batch, activations, saved statistics, activation and
@@ -127,6 +129,38 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
                        activation_peak=act_peak, step_peak=step_peak,
                        peak=(1 + optimizer_slots) * params + buffers + step_peak)
     return plan
+
+
+def inference_fusion(net: Net) -> Dict[str, List[str]]:
+    """The layers each convolution absorbs in evaluation mode, by node name: a
+    BatchNorm2d right after it (folded into its weights and bias), then a ReLU
+    (applied by its epilogue), or a ReLU alone.  A layer is absorbed only when it is
+    the sole reader of the one before it, whose output then never exists."""
+    readers: Dict[str, List[str]] = {}
+    for k, n in net.layers():
+        for x in dict.fromkeys(n.inputs):
+            readers.setdefault(x, []).append(k)
+
+    def only_reader(k: str, kind: str):
+        r = readers.get(k, [])
+        if k != net.output and len(r) == 1 and type(net.nodes[r[0]].layer).__name__ == kind:
+            return r[0]
+        return None
+
+    groups = {}
+    for k, n in net.layers():
+        if type(n.layer).__name__ != "Conv2d":
+            continue
+        chain = []
+        bn = only_reader(k, "BatchNorm2d")
+        if bn is not None:
+            chain.append(bn)
+        relu = only_reader(chain[-1] if chain else k, "ReLU")
+        if relu is not None:
+            chain.append(relu)
+        if chain:
+            groups[k] = chain
+    return groups
 
 
 def simulate_activations(net: Net, plan: Plan):

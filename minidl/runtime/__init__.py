@@ -13,12 +13,18 @@ parameters live; the previous step's are dropped when a step starts.  With a
 budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
 starts, so a failed step changes nothing but the dropped gradients.
 
+In evaluation mode on the cpu, each convolution absorbs the BatchNorm2d and ReLU
+that directly follow it (minidl.plan.inference_fusion): the BatchNorm folded into
+its weights and bias, the ReLU applied by its epilogue.
+
 Optional instruments: per step forward/backward seconds (`timings`) and memory
 (`track_memory`): on the cpu the activation bytes the executor holds, counted from
 the arrays themselves; on a device the device's own peak over the step.
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import time
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
@@ -28,7 +34,7 @@ from minidl import ops
 from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
 from minidl.nn.layers import SoftmaxCrossEntropy
-from minidl.plan import Plan, make_plan
+from minidl.plan import Plan, inference_fusion, make_plan
 
 _MASK64 = (1 << 64) - 1
 
@@ -39,6 +45,32 @@ def _arrays(objs: Iterable) -> Iterable[np.ndarray]:
             yield o
         elif isinstance(o, (tuple, list)):
             yield from _arrays(o)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_KEEP = 1 << 30
+_kept_memory: Optional[bool] = None
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve blocks up to 1 GiB from its heap and keep freed
+    memory there, so that each step's activations reuse the pages of the step before
+    instead of the kernel mapping and zeroing fresh ones (page faults: on 2 threads
+    several ms per step).  Peak memory is unchanged; the process keeps its peak after
+    a step.  The cpu executor calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
+    Returns whether the setting is in force (False off glibc)."""
+    global _kept_memory
+    if _kept_memory is None:
+        _kept_memory = False
+        if os.environ.get("MINIDL_KEEP_MEMORY", "1") != "0":
+            try:
+                libc = ctypes.CDLL(None)
+                _kept_memory = bool(libc.gnu_get_libc_version and
+                                    libc.mallopt(_M_MMAP_THRESHOLD, _KEEP) and
+                                    libc.mallopt(_M_TRIM_THRESHOLD, _KEEP))
+            except (OSError, AttributeError):
+                pass
+    return _kept_memory
 
 
 def live_bytes(*objs) -> int:
@@ -57,7 +89,7 @@ class Executor:
     the plan's batch size is what its memory figures assume."""
 
     def __init__(self, net: Net, plan: Optional[Plan] = None, *, batch_size: int = 1,
-                 seed: int = 0, device=None):
+                 seed: int = 0, device=None, fuse_inference: bool = True):
         self.net = net
         self.device = dev = net.device if device is None else get_device(device)
         self.plan = plan if plan is not None else make_plan(net, batch_size, device=dev)
@@ -75,6 +107,8 @@ class Executor:
             raise ValueError(f"net {net.name!r} has parameters off {dev.name} "
                              f"({elsewhere[0]}, ...): move it first with net.to(device)")
         self.host = dev.kind == "cpu"
+        if self.host:
+            keep_freed_memory()
         self.loss = SoftmaxCrossEntropy()
         self.seed = seed
         self.step_count = 0  # training steps run; with seed it fixes every dropout mask
@@ -86,6 +120,9 @@ class Executor:
         # are final): data-parallel training starts exchanging them from there
         self.backward_hook: Optional[Callable[[str], None]] = None
         self._last_read = {x: i for i, s in enumerate(self.plan.steps) for x in s.inputs}
+        # evaluation mode on the cpu: the layers each convolution absorbs (BatchNorm
+        # folded into its weights, ReLU in its epilogue; minidl.plan.inference_fusion)
+        self.inference_groups = inference_fusion(net) if fuse_inference and self.host else {}
         self._step_bytes = {self.plan.batch_size: self.plan.memory["step_peak"]}
 
     # -- public ----------------------------------------------------------------------
@@ -188,10 +225,18 @@ class Executor:
         del x  # outs holds the only reference: the batch is freed after its last reader
         ctx: Dict[str, object] = {}
         nodes = self.net.nodes
+        groups = {} if training else self.inference_groups
+        absorbed: Dict[str, object] = {}  # absorbed step -> its output, made by its conv
         for i, s in enumerate(self.plan.steps):
             t0 = time.perf_counter()
-            y, saved = nodes[s.name].layer.forward([outs[k] for k in s.inputs], training,
-                                                   self._seed(i))
+            if s.name in absorbed:
+                y, saved = absorbed.pop(s.name), None
+            elif s.name in groups:
+                y, saved = self._fused(s.name, groups[s.name], outs[s.inputs[0]]), None
+                absorbed.update(dict.fromkeys(groups[s.name], y))
+            else:
+                y, saved = nodes[s.name].layer.forward([outs[k] for k in s.inputs], training,
+                                                       self._seed(i))
             if self.timings is not None:
                 self._time(s.name, 0, t0)
             outs[s.name] = y
@@ -204,6 +249,15 @@ class Executor:
                 if self._last_read[k] == i:
                     del outs[k]
         return outs[self.net.output], ctx
+
+    def _fused(self, conv: str, chain, x):
+        """Evaluation-mode output of conv and the layers it absorbs (inference_groups)."""
+        nodes = self.net.nodes
+        kinds = [type(nodes[k].layer).__name__ for k in chain]
+        scale = shift = None
+        if kinds[0] == "BatchNorm2d":
+            scale, shift = nodes[chain[0]].layer.folding()
+        return nodes[conv].layer.forward_folded(x, scale, shift, relu=kinds[-1] == "ReLU")
 
     def _backward(self, grads: Dict[str, object], ctx: Dict[str, object]) -> None:
         nodes = self.net.nodes
