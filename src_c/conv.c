@@ -128,8 +128,11 @@ static phases phases_of(const mdl_conv2d_shape *s)
     return f;
 }
 /* floats of the phase planes of one image */
-#define PADDED_FLOATS(s) FLOATS((s)->c_in * phases_of(s).nr * phases_of(s).nq * \
-                                phases_of(s).rows * phases_of(s).cols)
+static size_t phase_floats(const mdl_conv2d_shape *s)
+{
+    const phases f = phases_of(s);
+    return FLOATS(s->c_in * f.nr * f.nq * f.rows * f.cols);
+}
 
 /* the weight gradient as dot products over phase planes (mdl_conv_weights_dot_avx2),
  * of enough images at a time that the accumulators sum about 512 pixels */
@@ -222,11 +225,11 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
      * pointwise kernel), and a packed B panel; or Winograd's buffers */
     const int in_f = rows_in_place(s, g->ho, g->wo);
     const int in_d = g->direct_data && rows_in_place(&t, s->h, s->w);
-    size_t per_f = max_size((in_f ? PADDED_FLOATS(s) : FLOATS(g->pointwise ? 0 : g->K * g->P)) +
+    size_t per_f = max_size((in_f ? phase_floats(s) : FLOATS(g->pointwise ? 0 : g->K * g->P)) +
                             FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
                             winograd_thread(s, g->ho, g->wo));
     size_t per_d = g->direct_data
-                       ? max_size((in_d ? PADDED_FLOATS(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
+                       ? max_size((in_d ? phase_floats(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
                                   FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
                                   winograd_thread(&t, s->h, s->w))
                        : 0;
@@ -234,7 +237,7 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
      * row offsets (dot products) or a column matrix, packed dy and a packed B panel */
     size_t per_w = FLOATS((size_t)(s->c_out * g->K)) +
                    (weights_dot(s, g->wo)
-                        ? DOT_IMAGES(g->P) * PADDED_FLOATS(s) + TABLE_FLOATS(g->K)
+                        ? DOT_IMAGES(g->P) * phase_floats(s) + TABLE_FLOATS(g->K)
                         : FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
                               FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
                               FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)));
@@ -463,7 +466,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     /* per thread: the padded image (B read in place) or the column matrix (none
      * for a pointwise kernel), then a packed B panel; or Winograd's buffers */
     const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
-    const size_t col_floats = in_place ? PADDED_FLOATS(s) : FLOATS(g->pointwise ? 0 : K * P);
+    const size_t col_floats = in_place ? phase_floats(s) : FLOATS(g->pointwise ? 0 : K * P);
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
@@ -542,7 +545,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         float *pa = col + col_floats, *bbuf = pa + pa_floats;
         float *xp = col;
         const int64_t group = DOT_IMAGES(P);
-        int64_t *off = (int64_t *)(xp + group * PADDED_FLOATS(s));
+        int64_t *off = (int64_t *)(xp + group * phase_floats(s));
         if (dot) padded_offsets(s, off);
         const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
         for (int64_t b = b0; b < b1; b++) {
@@ -550,8 +553,8 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
             if (dot) {
                 const int64_t nb = b1 - b < group ? b1 - b : group;
                 for (int64_t q = 0; q < nb; q++)
-                    phase_image(s, xb + q * image, xp + q * PADDED_FLOATS(s));
-                mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, PADDED_FLOATS(s),
+                    phase_image(s, xb + q * image, xp + q * phase_floats(s));
+                mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, phase_floats(s),
                                           dy + b * c_out * P, xp, off, b == b0, part);
                 b += nb - 1;
                 continue;
