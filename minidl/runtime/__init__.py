@@ -58,7 +58,8 @@ def keep_freed_memory() -> bool:
     instead of the kernel mapping and zeroing fresh ones (page faults: on 2 threads
     several ms per step).  Peak memory is unchanged; the process keeps its peak after
     a step.  The cpu executor calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
-    Returns whether the setting is in force (False off glibc)."""
+    Returns whether the setting is in force (False off glibc, or where another malloc
+    is interposed, such as AddressSanitizer's, which ignores mallopt)."""
     global _kept_memory
     if _kept_memory is None:
         _kept_memory = False
