@@ -1,12 +1,20 @@
 /* gemm_avx512.c -- blocked AVX-512F SGEMM (compiled with -mavx512f -mavx2 -mfma).
  *
  * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, the same contract as
- * gemm_avx2.c (see gemm.h), BLIS-style:
+ * gemm_avx2.c (see gemm.h).  Two drivers, chosen from the shape alone:
+ *
+ * rows split (rows_split), when a K block of all of op(B) fits in L2 and all of
+ * op(B) is small: op(B) is packed whole up front, or read in place when it is not
+ * transposed and C has few rows; then each thread packs its own A micro-panels and
+ * sweeps all of N with each.  One barrier at most.
+ *
+ * shared blocks, otherwise, BLIS-style:
  *
  *   for jc over N in blocks of nc            B panel  (kc x nc) shared
  *     for pc over K in blocks of kc
  *       for ic over M in blocks of mb        A block  (mb x kc) shared
- *         pack B (when ic == 0) and A, cooperatively; barrier
+ *         pack B (when ic == 0; not when it is read in place: C of at most
+ *           256 rows, B's rows 64-byte aligned) and A, cooperatively; barrier
  *         each thread: its rows x its columns of the block, in column groups
  *           of NG micro-panels (kc x NG*NR, L2); inside a group one A
  *           micro-panel (MR x kc, L1) meets each B micro-panel in turn
@@ -16,7 +24,7 @@
  * padded with zeros); packed B holds op(B) in micro-panels of NR = 32 columns
  * (p-major, columns padded with zeros).  The micro-kernel keeps an MR x 32
  * tile of C in 2 * MR zmm accumulators (MR = 14: 28 of the 32 registers) and
- * takes A as broadcast memory operands of the FMAs.  Tiles with fewer rows use
+ * broadcasts each element of A; B read in place is loaded through lane masks.  Tiles with fewer rows use
  * the same kernel specialised for that row count; tiles with fewer columns
  * load and store C through lane masks.  The first K block applies beta
  * (beta == 0 stores without reading C), later ones add, so every element of C
@@ -51,6 +59,27 @@
 #endif
 #define MB_MAX (MR * 110)  /* rows of A packed per step (1540 at MR = 14) */
 #define NC_MAX 4096        /* columns of B packed per step */
+/* The rows-split driver: when one K block of all of op(B)'s columns fits in L2
+ * (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small (ROWS_SPLIT_B_MAX), op(B)
+ * is packed whole up front, or read in place (not transposed, at most
+ * ROWS_SPLIT_IN_PLACE_M rows in C, so that each element is read at most twice). */
+#ifndef ROWS_SPLIT_BLOCK
+#  define ROWS_SPLIT_BLOCK (128 * 1024)
+#endif
+#ifndef ROWS_SPLIT_B_MAX
+#  define ROWS_SPLIT_B_MAX (512 * 1024)
+#endif
+#ifndef ROWS_SPLIT_IN_PLACE_M
+#  define ROWS_SPLIT_IN_PLACE_M (2 * MR)
+#endif
+/* The shared-blocks driver reads op(B) in place (not transposed, rows 64-byte
+ * aligned) when C has at most this many rows: each element of B then serves too
+ * few rows to repay packing it (measured: 64 x 1024 x 576 and 128 x 4096 x 1152 gain
+ * 15-25%, squares of 1024 lose 10%, 256 x 1024 x 2304 is even; rows 16 bytes off
+ * the alignment cost 128 x 4096 x 1152 40%, every load then spanning two lines). */
+#ifndef SHARED_IN_PLACE_M
+#  define SHARED_IN_PLACE_M 256
+#endif
 
 typedef struct blocking {
     int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
@@ -70,10 +99,23 @@ static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
     return bl;
 }
 
+/* Which driver a shape takes (from the shape alone, so that the workspace does not
+ * depend on the thread count). */
+enum { SHARED_BLOCKS, ROWS_SPLIT_PACKED, ROWS_SPLIT_IN_PLACE };
+
+static int plan_driver(int trans_b, int64_t m, int64_t n, int64_t k, const blocking *bl)
+{
+    const int64_t nw = round_up(n, NR);
+    if (bl->kc * nw > ROWS_SPLIT_BLOCK || k * nw > ROWS_SPLIT_B_MAX) return SHARED_BLOCKS;
+    return !trans_b && m <= ROWS_SPLIT_IN_PLACE_M ? ROWS_SPLIT_IN_PLACE : ROWS_SPLIT_PACKED;
+}
+
 size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k)
 {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
     blocking bl = plan_blocks(m, n, k);
+    /* transposed or not: the workspace's size does not depend on it */
+    if (plan_driver(1, m, n, k, &bl) != SHARED_BLOCKS) return (size_t)(k * round_up(n, NR));
     /* B panel first: its size is a multiple of 32 floats, so A stays 64-byte aligned */
     return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
 }
@@ -256,8 +298,8 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 #endif
 
 static inline __attribute__((always_inline)) void
-kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
-            float *c, int64_t ldc, int cols, float beta)
+kernel_rows(const int ROWS, const int INPLACE, int64_t kc, const float *restrict a,
+            const float *restrict b, int64_t ldb, float *c, int64_t ldc, int cols, float beta)
 {
     __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0;
     __m512 c2_1 = c0_0, c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0;
@@ -272,15 +314,32 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
     __m512 c10_2 = c0_0, c10_3 = c0_0, c11_2 = c0_0, c11_3 = c0_0, c12_2 = c0_0, c12_3 = c0_0;
     __m512 c13_2 = c0_0, c13_3 = c0_0;
     ALL_ROWS(ROW_PREFETCH)
+    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
+                    m3 = lanes(cols - 48);
+    if (INPLACE) {
+        /* op(B) read where it lies, row p at b + p * ldb; lanes past cols are not read */
 #pragma GCC unroll 4
-    for (int64_t p = 0; p < kc; p++) {
-        const __m512 b0 = _mm512_load_ps(b + p * NR), b1 = _mm512_load_ps(b + p * NR + 16);
-        __m512 b2 = b0, b3 = b0;
-        if (NRV > 2) {
-            b2 = _mm512_load_ps(b + p * NR + 32);
-            b3 = _mm512_load_ps(b + p * NR + 48);
+        for (int64_t p = 0; p < kc; p++) {
+            const float *bp = b + p * ldb;
+            const __m512 b0 = _mm512_maskz_loadu_ps(m0, bp), b1 = _mm512_maskz_loadu_ps(m1, bp + 16);
+            __m512 b2 = b0, b3 = b0;
+            if (NRV > 2) {
+                b2 = _mm512_maskz_loadu_ps(m2, bp + 32);
+                b3 = _mm512_maskz_loadu_ps(m3, bp + 48);
+            }
+            ALL_ROWS(ROW_FMA)
         }
-        ALL_ROWS(ROW_FMA)
+    } else {
+#pragma GCC unroll 4
+        for (int64_t p = 0; p < kc; p++) {
+            const __m512 b0 = _mm512_load_ps(b + p * NR), b1 = _mm512_load_ps(b + p * NR + 16);
+            __m512 b2 = b0, b3 = b0;
+            if (NRV > 2) {
+                b2 = _mm512_load_ps(b + p * NR + 32);
+                b3 = _mm512_load_ps(b + p * NR + 48);
+            }
+            ALL_ROWS(ROW_FMA)
+        }
     }
     if (cols == NR) {
         if (beta == 0.0f) {
@@ -291,8 +350,6 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
         }
         return;
     }
-    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
-                    m3 = lanes(cols - 48);
     if (beta == 0.0f) {
         ALL_ROWS(ROW_STORE_MASKED)
     } else {
@@ -301,48 +358,117 @@ kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *re
     }
 }
 
-static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                   int cols, float beta)
+/* The tile kernel for `rows` rows, B packed (b_ld == 0: micro-panels of NR columns) or
+ * read in place (row stride b_ld). */
+static void kernel(int rows, int64_t kc, const float *a, const float *b, int64_t b_ld, float *c,
+                   int64_t ldc, int cols, float beta)
 {
+#define KERNEL_CASE(R)                                                                   \
+    case R:                                                                             \
+        if (b_ld) kernel_rows(R, 1, kc, a, b, b_ld, c, ldc, cols, beta);                \
+        else kernel_rows(R, 0, kc, a, b, NR, c, ldc, cols, beta);                       \
+        break;
     switch (rows) {
 #if MR >= 14
-    case 14: kernel_rows(14, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(14)
 #endif
 #if MR >= 13
-    case 13: kernel_rows(13, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(13)
 #endif
 #if MR >= 12
-    case 12: kernel_rows(12, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(12)
 #endif
 #if MR >= 11
-    case 11: kernel_rows(11, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(11)
 #endif
 #if MR >= 10
-    case 10: kernel_rows(10, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(10)
 #endif
 #if MR >= 9
-    case 9: kernel_rows(9, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(9)
 #endif
-    case 8: kernel_rows(8, kc, a, b, c, ldc, cols, beta); break;
-    case 7: kernel_rows(7, kc, a, b, c, ldc, cols, beta); break;
-    case 6: kernel_rows(6, kc, a, b, c, ldc, cols, beta); break;
-    case 5: kernel_rows(5, kc, a, b, c, ldc, cols, beta); break;
-    case 4: kernel_rows(4, kc, a, b, c, ldc, cols, beta); break;
-    case 3: kernel_rows(3, kc, a, b, c, ldc, cols, beta); break;
-    case 2: kernel_rows(2, kc, a, b, c, ldc, cols, beta); break;
-    default: kernel_rows(1, kc, a, b, c, ldc, cols, beta); break;
+    KERNEL_CASE(8) KERNEL_CASE(7) KERNEL_CASE(6) KERNEL_CASE(5) KERNEL_CASE(4)
+    KERNEL_CASE(3) KERNEL_CASE(2)
+    default:
+    KERNEL_CASE(1)
     }
+#undef KERNEL_CASE
 }
 
-/* ---- driver ------------------------------------------------------------------- */
+/* ---- drivers ------------------------------------------------------------------ */
+
+/* Rows split: op(B) is packed whole (every K block, one after the other, kc x nw
+ * each) by all threads together, or read in place; then each thread takes its own
+ * row panels of C and, K block by K block, packs one A micro-panel at a time into
+ * its own buffer and sweeps all of N with it.  One barrier (none in place),
+ * against two per K block in the shared-blocks driver: for thin problems, whose
+ * work between barriers is short. */
+static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                       float beta, float *c, int64_t ldc, int64_t kc, float *bpack)
+{
+    const int64_t npan = ceil_div(n, NR), nkb = ceil_div(k, kc);
+    /* with a single fork and join, two threads pay from about 128K multiply-adds */
+    int nt = mdl_threads_for((double)m * n * k / 2.0);
+    if (nt > m) nt = (int)m;
+    /* row panels: a multiple of the thread count, rows spread evenly over them (panel
+     * pr is rows [pr * m / mpan, (pr + 1) * m / mpan)) */
+    const int64_t mpan = round_up(ceil_div(m, MR), nt);
+
+#pragma omp parallel num_threads(nt)
+    {
+        int T = 1, t = 0;
+#ifdef _OPENMP
+        T = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
+        if (!in_place) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < nkb * npan; i++) {
+                const int64_t pc = i / npan * kc, q = i % npan;
+                pack_b(trans_b, b, ldb, q * NR, pc, (int)min64(n - q * NR, NR),
+                       min64(k - pc, kc), bpack + pc * npan * NR + q * NR * min64(k - pc, kc));
+            }
+        }
+        float apanel[MR * KC_MAX] __attribute__((aligned(64)));
+        const int64_t r0 = mpan * t / T, r1 = mpan * (t + 1) / T;
+        for (int64_t pc = 0; pc < k; pc += kc) {
+            const int64_t kb = min64(k - pc, kc);
+            const float beta_eff = pc == 0 ? beta : 1.0f;
+            for (int64_t pr = r0; pr < r1; pr++) {
+                const int64_t i0 = pr * m / mpan;
+                const int rows = (int)((pr + 1) * m / mpan - i0);
+                pack_a(trans_a, a, lda, i0, pc, rows, kb, alpha, apanel);
+                float *crow = c + i0 * ldc;
+                for (int64_t q = 0; q < npan; q++) {
+                    const int cols = (int)min64(n - q * NR, NR);
+                    if (in_place)
+                        kernel(rows, kb, apanel, b + pc * ldb + q * NR, ldb, crow + q * NR, ldc,
+                               cols, beta_eff);
+                    else
+                        kernel(rows, kb, apanel, bpack + pc * npan * NR + q * NR * kb, 0,
+                               crow + q * NR, ldc, cols, beta_eff);
+                }
+            }
+        }
+    }
+}
 
 void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                       float *c, int64_t ldc, float *ws)
 {
     const blocking bl = plan_blocks(m, n, k);
+    const int driver = plan_driver(trans_b, m, n, k, &bl);
+    if (driver != SHARED_BLOCKS) {
+        rows_split(driver == ROWS_SPLIT_IN_PLACE, trans_a, trans_b, m, n, k, alpha, a, lda, b,
+                   ldb, beta, c, ldc, bl.kc, ws);
+        return;
+    }
     float *const bpack = ws;
     float *const apack = ws + bl.kc * bl.nc;
+    const int b_in_place = !trans_b && m <= SHARED_IN_PLACE_M && (uintptr_t)b % 64 == 0 &&
+                           ldb % 16 == 0;
     const int64_t mt = ceil_div(min64(bl.mb, m), MR), ntl = ceil_div(min64(bl.nc, n), NR);
     /* one thread below ~0.5M multiply-adds; never more threads than tiles */
     int nt = mdl_threads_for((double)m * n * k / 8.0);
@@ -375,7 +501,7 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
 
                     /* pack: my column panels are shared with the tm threads of my
                      * grid column, my row panels with the tn threads of my row */
-                    if (ic == 0) {
+                    if (ic == 0 && !b_in_place) {
                         int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
                         for (int64_t q = lo; q < hi; q++)
                             pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)min64(nb - q * NR, NR),
@@ -396,9 +522,15 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                             const int rows = (int)min64(mbk - pr * h, h);
                             const float *ap = apack + pr * MR * kb;
                             float *crow = c + (ic + pr * h) * ldc + jc;
-                            for (int64_t q = cg; q < cg1; q++)
-                                kernel(rows, kb, ap, bpack + q * NR * kb, crow + q * NR, ldc,
-                                       (int)min64(nb - q * NR, NR), beta_eff);
+                            for (int64_t q = cg; q < cg1; q++) {
+                                const int cols = (int)min64(nb - q * NR, NR);
+                                if (b_in_place)
+                                    kernel(rows, kb, ap, b + pc * ldb + jc + q * NR, ldb,
+                                           crow + q * NR, ldc, cols, beta_eff);
+                                else
+                                    kernel(rows, kb, ap, bpack + q * NR * kb, 0, crow + q * NR,
+                                           ldc, cols, beta_eff);
+                            }
                         }
                     }
 #pragma omp barrier

@@ -3,10 +3,12 @@ where the CPU has it), 1 and 2 threads.
 
 The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows of
 C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
-4096, tiles of 6 x 16.  The AVX-512 kernel: K in blocks of up to 384, rows in
-packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, tiles
-of 14 x 32 with masked column edges.  The shapes below cross each of these
-boundaries.
+4096, tiles of 6 x 16.  The AVX-512 kernel: K in blocks of up to 384, tiles of
+14 x 32 with masked column edges, and two drivers chosen by shape: when a K block
+of op(B) holds at most 128K floats and all of it at most 512K, op(B) is read in
+place (not transposed, M <= 28) or packed whole, and the threads split the rows;
+otherwise rows in packing steps of 1540, columns in steps of up to 4096 and groups
+of 8 x 32, op(B) read in place when it is not transposed and M <= 256.  The shapes below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -32,6 +34,10 @@ MIXED = [
     (29, 257, 385),   # AVX-512: 14-row tiles + 1, a column group (256) + 1, two K blocks
     (1541, 33, 5),    # AVX-512: two row packing steps (1540), a masked column tile
     (64, 31, 770),    # three AVX-512 K blocks; N below one 32-column tile
+    (20, 300, 800),   # AVX-512 rows split, B in place (not transposed): three K blocks
+    (9, 4100, 40),    # AVX-512 shared blocks: two column steps (4096)
+    (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
+    (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
 ]
 
 # edge sizes: every row count of a tile, column counts around 16 and 32
@@ -53,6 +59,26 @@ def test_sgemm(simd, threads, rng, m, n, k, trans_a, trans_b):
     got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b)
     assert got.shape == (m, n) and got.dtype == np.float32
     assert_close(got, ref.sgemm(a, b, trans_a, trans_b), "gemm", f"sgemm {m}x{n}x{k}")
+
+
+def placed(x, offset):
+    """A copy of x whose data starts `offset` floats past a 64-byte boundary."""
+    buf = np.empty(x.size + 16, np.float32)
+    start = (-buf.ctypes.data // 4) % 16 + offset
+    y = buf[start:start + x.size].reshape(x.shape)
+    y[...] = x
+    return y
+
+
+@pytest.mark.parametrize("offset", [0, 4])
+@pytest.mark.parametrize("m,n,k", [(40, 1024, 800), (256, 512, 700), (16, 1024, 27),
+                                   (12, 64, 900)])
+def test_sgemm_b_read_in_place(simd, threads, rng, m, n, k, offset):
+    """AVX-512 reads op(B) in place when it is not transposed and C has few rows (in
+    the shared-blocks driver only when B's rows are 64-byte aligned): aligned and not."""
+    a, b = f32(rng, m, k), placed(f32(rng, k, n), offset)
+    assert (b.ctypes.data % 64 == 0) == (offset == 0)
+    assert_close(ops.sgemm(a, b), ref.sgemm(a, b), "gemm", f"sgemm {m}x{n}x{k}")
 
 
 @pytest.mark.parametrize("trans_a,trans_b", TRANS)
@@ -117,7 +143,8 @@ def test_sgemm_nan_in_inputs_propagates(simd):
     assert np.isnan(got[3]).all() and np.isfinite(np.delete(got, 3, axis=0)).all()
 
 
-@pytest.mark.parametrize("m,n,k", [(130, 200, 333), (16, 2000, 800), (256, 64, 2304)])
+@pytest.mark.parametrize("m,n,k", [(130, 200, 333), (16, 2000, 800), (256, 64, 2304),
+                                   (20, 300, 800)])
 def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k):
     """Each SIMD kernel sums each element in the same order whatever the thread grid."""
     a, b = f32(rng, m, k), f32(rng, k, n)
