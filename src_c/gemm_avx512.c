@@ -24,9 +24,9 @@
  * padded with zeros); packed B holds op(B) in micro-panels of NR = 32 columns
  * (p-major, columns padded with zeros).  The micro-kernel keeps an MR x 32
  * tile of C in 2 * MR zmm accumulators (MR = 14: 28 of the 32 registers) and
- * broadcasts each element of A; B read in place is loaded through lane masks.  Tiles with fewer rows use
- * the same kernel specialised for that row count; tiles with fewer columns
- * load and store C through lane masks.  The first K block applies beta
+ * broadcasts each element of A.  Tiles with fewer rows use the same kernel
+ * specialised for that row count; tiles with fewer columns load and store C,
+ * and B read in place, through lane masks.  The first K block applies beta
  * (beta == 0 stores without reading C), later ones add, so every element of C
  * is summed in the same order whatever the thread count.
  *
@@ -227,8 +227,9 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 
 /* ---- micro-kernel ------------------------------------------------------------- */
 
-/* C tile (ROWS x cols, ROWS <= MR, cols <= NR) = packed A micro-panel @ packed
- * B micro-panel + beta * C (beta == 0: C is not read).  Named accumulators
+/* C tile (ROWS x cols, ROWS <= MR, cols <= NR) = packed A micro-panel @ B
+ * micro-panel (packed, or in place with INPLACE: row p at b + p * ldb) + beta * C
+ * (beta == 0: C is not read).  Named accumulators
  * (not an array) so that they stay in registers; rows >= ROWS fold away. */
 #define ROW_FMA(r)                                                            \
     if (ROWS > r) {                                                           \
@@ -297,6 +298,14 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 #  error "the micro-kernel holds 28 accumulators: MR <= 14 rows of 2 or MR <= 7 of 4 vectors"
 #endif
 
+/* 16 floats of a row of B: packed (aligned, whole), or in place (lanes past the
+ * tile's columns are not read) */
+static inline __attribute__((always_inline)) __m512
+load_b(const int INPLACE, __mmask16 mask, const float *p)
+{
+    return INPLACE ? _mm512_maskz_loadu_ps(mask, p) : _mm512_load_ps(p);
+}
+
 static inline __attribute__((always_inline)) void
 kernel_rows(const int ROWS, const int INPLACE, int64_t kc, const float *restrict a,
             const float *restrict b, int64_t ldb, float *c, int64_t ldc, int cols, float beta)
@@ -316,30 +325,16 @@ kernel_rows(const int ROWS, const int INPLACE, int64_t kc, const float *restrict
     ALL_ROWS(ROW_PREFETCH)
     const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
                     m3 = lanes(cols - 48);
-    if (INPLACE) {
-        /* op(B) read where it lies, row p at b + p * ldb; lanes past cols are not read */
 #pragma GCC unroll 4
-        for (int64_t p = 0; p < kc; p++) {
-            const float *bp = b + p * ldb;
-            const __m512 b0 = _mm512_maskz_loadu_ps(m0, bp), b1 = _mm512_maskz_loadu_ps(m1, bp + 16);
-            __m512 b2 = b0, b3 = b0;
-            if (NRV > 2) {
-                b2 = _mm512_maskz_loadu_ps(m2, bp + 32);
-                b3 = _mm512_maskz_loadu_ps(m3, bp + 48);
-            }
-            ALL_ROWS(ROW_FMA)
+    for (int64_t p = 0; p < kc; p++) {
+        const float *bp = b + p * ldb;
+        const __m512 b0 = load_b(INPLACE, m0, bp), b1 = load_b(INPLACE, m1, bp + 16);
+        __m512 b2 = b0, b3 = b0;
+        if (NRV > 2) {
+            b2 = load_b(INPLACE, m2, bp + 32);
+            b3 = load_b(INPLACE, m3, bp + 48);
         }
-    } else {
-#pragma GCC unroll 4
-        for (int64_t p = 0; p < kc; p++) {
-            const __m512 b0 = _mm512_load_ps(b + p * NR), b1 = _mm512_load_ps(b + p * NR + 16);
-            __m512 b2 = b0, b3 = b0;
-            if (NRV > 2) {
-                b2 = _mm512_load_ps(b + p * NR + 32);
-                b3 = _mm512_load_ps(b + p * NR + 48);
-            }
-            ALL_ROWS(ROW_FMA)
-        }
+        ALL_ROWS(ROW_FMA)
     }
     if (cols == NR) {
         if (beta == 0.0f) {
