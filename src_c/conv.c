@@ -9,7 +9,8 @@
  *    (an implicit GEMM).  With output rows a multiple of 16 wide (or 8 wide, in
  *    pairs) the micro-kernel reads B's rows in place from the image's phase
  *    planes (a zero-padded copy, split by the stride so that the pixels a tap
- *    reads for an output row are contiguous); otherwise the image's column
+ *    reads for an output row are contiguous), in tiles of 16 channels x 16 pixels
+ *    where the CPU has AVX-512F (6 x 16 with AVX2); otherwise the image's column
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
  *    stride 1 and no padding).  Winograd (winograd_avx2.c) replaces the GEMM where
  *    use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
@@ -94,7 +95,13 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
  * place (int64, padded_offsets) */
 static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 {
-    return max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)), winograd_fixed(s));
+#if MDL_X86
+    const size_t rows = FLOATS(mdl_sgemm_avx512_rows_a_floats(s->c_out, K));
+#else
+    const size_t rows = 0;
+#endif
+    return max_size(max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)), rows),
+                    winograd_fixed(s));
 }
 #define TABLE_FLOATS(K) FLOATS(2 * (size_t)(K))
 
@@ -446,6 +453,30 @@ static void phase_image(const mdl_conv2d_shape *s, const float *x, float *xp)
 #endif
 }
 
+/* B's rows read in place by AVX-512 tiles of 16 output channels (where the CPU has
+ * AVX-512F), whose weights are packed their own way */
+static int rows_avx512(const mdl_conv2d_shape *s, const conv_geom *g, int wino)
+{
+    return !wino && rows_in_place(s, g->ho, g->wo) && mdl_use_avx512();
+}
+
+/* The weights w (c_out, K) packed for per_image: for Winograd, for the AVX-512
+ * in-place tiles, or as the AVX2 GEMM's A operand */
+static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino, const float *w,
+                         float *pa)
+{
+#if MDL_X86
+    if (wino)
+        mdl_winograd_weights(s, w, pa);
+    else if (rows_avx512(s, g, wino))
+        mdl_sgemm_avx512_rows_pack_a(s->c_out, g->K, w, g->K, pa);
+    else
+        mdl_sgemm_avx2_pack_a(0, s->c_out, g->K, 1.0f, w, g->K, pa);
+#else
+    (void)s, (void)g, (void)wino, (void)w, (void)pa;
+#endif
+}
+
 /* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
  * the packed weights.  The threads take whole images, each with its own column
  * matrix (K, P) (none for a pointwise kernel: x[b] is its own column matrix) and
@@ -465,7 +496,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     float *thread_ws = ws + g->fixed / sizeof(float);
     /* per thread: the padded image (B read in place) or the column matrix (none
      * for a pointwise kernel), then a packed B panel; or Winograd's buffers */
-    const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
+    const int in_place = !wino && rows_in_place(s, g->ho, g->wo), avx512 = rows_avx512(s, g, wino);
     const size_t col_floats = in_place ? phase_floats(s) : FLOATS(g->pointwise ? 0 : K * P);
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
@@ -493,8 +524,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 const int64_t half = g->wo == 8 ? wp : 8;
                 for (int64_t p = 0; p < P; p += 16) {
                     const int64_t oh = p / g->wo, ow = p % g->wo;
-                    mdl_sgemm_avx2_packed_rows(c_out, K, pa, col + oh * wp + ow, off, half, 0.0f,
-                                               yb + p, P, e);
+                    (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
+                        c_out, K, pa, col + oh * wp + ow, off, half, 0.0f, yb + p, P, e);
                 }
                 continue;
             }
@@ -649,10 +680,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     double *sums = (double *)ws;
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
-    if (wino)
-        mdl_winograd_weights(s, w, pa);
-    else
-        mdl_sgemm_avx2_pack_a(0, s->c_out, g.K, 1.0f, w, g.K, pa);
+    pack_weights(s, &g, wino, w, pa);
     per_image(s, &g, x, wino, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
               mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
@@ -709,10 +737,7 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
         const int wino = use_winograd(&t, s->w);
-        if (wino)
-            mdl_winograd_weights(&t, wf, pa);
-        else
-            mdl_sgemm_avx2_pack_a(0, s->c_in, Kt, 1.0f, wf, Kt, pa);
+        pack_weights(&t, &gt, wino, wf, pa);
         per_image(&t, &gt, dy, wino, pa, NULL, 0, NULL, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
         mdl_free(owned);

@@ -71,6 +71,16 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
 void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
                                 const int64_t *off, int64_t half, float beta, float *c,
                                 int64_t ldc, const mdl_epilogue *ep);
+/* The in-place panel product with AVX-512F, 16-row tiles of one zmm each:
+ * mdl_sgemm_avx512_rows_pack_a packs a (m x k, row-major, lda) into pa, which holds
+ * mdl_sgemm_avx512_rows_a_floats(m, k) floats (64-byte aligned), for
+ * mdl_sgemm_avx512_packed_rows, with the contract of
+ * mdl_sgemm_avx2_packed_rows. */
+size_t mdl_sgemm_avx512_rows_a_floats(int64_t m, int64_t k);
+void mdl_sgemm_avx512_rows_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, float *pa);
+void mdl_sgemm_avx512_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
+                                  const int64_t *off, int64_t half, float beta, float *c,
+                                  int64_t ldc, const mdl_epilogue *ep);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_sgemm_avx2_workspace_floats(m, n, k) ((void)(m), (void)(n), (void)(k), (size_t)0)
 #  define mdl_sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws) \

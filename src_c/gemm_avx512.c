@@ -534,4 +534,115 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
         }
     }
 }
+/* ---- B rows read in place (convolution): panels of 16 rows x 16 pixels ---------- */
+
+#define RR 16 /* rows of C per in-place tile: one zmm of 16 pixels each */
+
+size_t mdl_sgemm_avx512_rows_a_floats(int64_t m, int64_t k)
+{
+    return (size_t)(round_up(m, RR) * k);
+}
+
+/* K block pc (of plan_blocks' kc) at pa + pc * round_up(m, RR); in it, row panel q
+ * at + q * RR * kb, element (r, p) at [p * RR + r], rows past m zero. */
+void mdl_sgemm_avx512_rows_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, float *pa)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, RR);
+    for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t kb = min64(k - pc, kc);
+        for (int64_t q = 0; q * RR < m; q++) {
+            float *dst = pa + pc * mp + q * RR * kb;
+            for (int64_t r = 0; r < RR; r++)
+                for (int64_t p = 0; p < kb; p++)
+                    dst[p * RR + r] = q * RR + r < m ? a[(q * RR + r) * lda + pc + p] : 0.0f;
+        }
+    }
+}
+
+/* 16 pixels: contiguous (half == 8), or 8 at p and 8 at p + half */
+static inline __attribute__((always_inline)) __m512 pixels16(const float *p, int64_t half)
+{
+    if (half == 8) return _mm512_loadu_ps(p);
+    const __m512d lo = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(p)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(p + half)), 1));
+}
+
+/* + bias[row], max(0, .), then row_sum[row] and row_sumsq[row] += the 16 values'
+ * sums (see mdl_epilogue) */
+static inline __attribute__((always_inline)) __m512
+rows_epilogue(const mdl_epilogue *ep, int64_t row, __m512 v)
+{
+    if (ep->bias) v = _mm512_add_ps(v, _mm512_set1_ps(ep->bias[row]));
+    if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+    if (ep->row_sum) {
+        ep->row_sum[row] += _mm512_reduce_add_ps(v);
+        ep->row_sumsq[row] += _mm512_reduce_add_ps(_mm512_mul_ps(v, v));
+    }
+    return v;
+}
+
+#define R16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
+               X(14) X(15)
+#define RFMA(r) \
+    if (ROWS > r) c##r = _mm512_fmadd_ps(_mm512_set1_ps(a[p * RR + r]), bv, c##r);
+#define RFINISH(r)                                                                    \
+    if (ROWS > r) {                                                                   \
+        float *cr = c + r * ldc;                                                      \
+        if (beta != 0.0f) c##r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cr), c##r);      \
+        if (ep) c##r = rows_epilogue(ep, row0 + r, c##r);                             \
+        _mm512_storeu_ps(cr, c##r);                                                   \
+    }
+
+/* C (ROWS x 16) = A panel @ the kc rows of B at b + off[p] (+ beta * C), then ep */
+static inline __attribute__((always_inline)) void
+rows_kernel(const int ROWS, const int CONTIGUOUS, int64_t kc, const float *restrict a,
+            const float *restrict b, const int64_t *restrict off, int64_t half, float *c,
+            int64_t ldc, float beta, const mdl_epilogue *ep, int64_t row0)
+{
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0;
+    __m512 c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0;
+    __m512 c15 = c0;
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; p++) {
+        const __m512 bv = pixels16(b + off[p], CONTIGUOUS ? 8 : half);
+        R16(RFMA)
+    }
+    const __m512 vb = _mm512_set1_ps(beta);
+    R16(RFINISH)
+}
+
+static void rows_tile(int rows, int64_t kc, const float *a, const float *b, const int64_t *off,
+                      int64_t half, float *c, int64_t ldc, float beta, const mdl_epilogue *ep,
+                      int64_t row0)
+{
+#define ROWS_CASE(R)                                                                      \
+    case R:                                                                               \
+        if (half == 8) rows_kernel(R, 1, kc, a, b, off, 8, c, ldc, beta, ep, row0);       \
+        else rows_kernel(R, 0, kc, a, b, off, half, c, ldc, beta, ep, row0);              \
+        break;
+    switch (rows) {
+    ROWS_CASE(16) ROWS_CASE(15) ROWS_CASE(14) ROWS_CASE(13) ROWS_CASE(12) ROWS_CASE(11)
+    ROWS_CASE(10) ROWS_CASE(9) ROWS_CASE(8) ROWS_CASE(7) ROWS_CASE(6) ROWS_CASE(5)
+    ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
+    default:
+    ROWS_CASE(1)
+    }
+#undef ROWS_CASE
+}
+
+void mdl_sgemm_avx512_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
+                                  const int64_t *off, int64_t half, float beta, float *c,
+                                  int64_t ldc, const mdl_epilogue *ep)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, RR);
+    for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t kb = min64(k - pc, kc);
+        const float beta_eff = pc == 0 ? beta : 1.0f;
+        const mdl_epilogue *last = pc + kb == k ? ep : NULL;
+        for (int64_t i = 0; i < m; i += RR)
+            rows_tile((int)min64(m - i, RR), kb, pa + pc * mp + i * kb, b, off + pc, half,
+                      c + i * ldc, ldc, beta_eff, last, i);
+    }
+}
+
 #endif

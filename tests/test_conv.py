@@ -39,6 +39,8 @@ CASES = [
     (1, 3, 5, 8, 6, 3, 5, 1, (1, 2)),         # rows 8 wide, rectangular kernel
     (2, 9, 8, 8, 5, 3, 3, 1, 1),              # 8-wide rows read in place in pairs (y and dx)
     (1, 4, 6, 8, 3, 5, 5, 1, 2),
+    (2, 3, 5, 24, 9, 3, 3, 1, 1),             # dw dot products: rows of 16 + 8, 9 channels
+    (2, 2, 6, 24, 9, 2, 1, 1, 0),             # the same with K = 4 rows (3 + 1)
     # strided rows read in place from the image's phase planes
     (2, 5, 16, 16, 6, 3, 3, 2, 1),            # 8 wide, in pairs
     (2, 6, 32, 31, 5, 1, 1, 2, 0),            # 1x1: one plane of the four
