@@ -30,6 +30,10 @@
  * (beta == 0 stores without reading C), later ones add, so every element of C
  * is summed in the same order whatever the thread count.
  *
+ * For the convolution, mdl_sgemm_avx512_packed_rows multiplies weights packed in
+ * 16-row panels by 16-pixel rows of an image read in place (one zmm per output
+ * channel), the contract of mdl_sgemm_avx2_packed_rows.
+ *
  * On Zen 4 a 512-bit FMA issues as two 256-bit halves, so the arithmetic peak
  * is that of AVX2; what AVX-512 buys is the register count (a 14 x 32 tile:
  * 28 FMAs per 2 loads of B, against 12 per 2 in the 6 x 16 AVX2 tile) and the
@@ -534,6 +538,7 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
         }
     }
 }
+
 /* ---- B rows read in place (convolution): panels of 16 rows x 16 pixels ---------- */
 
 #define RR 16 /* rows of C per in-place tile: one zmm of 16 pixels each */
