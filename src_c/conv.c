@@ -95,12 +95,8 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
  * place (int64, padded_offsets) */
 static size_t weights_floats(const mdl_conv2d_shape *s, int64_t K)
 {
-#if MDL_X86
-    const size_t rows = FLOATS(mdl_sgemm_avx512_rows_a_floats(s->c_out, K));
-#else
-    const size_t rows = 0;
-#endif
-    return max_size(max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)), rows),
+    return max_size(max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, K)),
+                             FLOATS(mdl_sgemm_avx512_rows_a_floats(s->c_out, K))),
                     winograd_fixed(s));
 }
 #define TABLE_FLOATS(K) FLOATS(2 * (size_t)(K))
@@ -453,28 +449,18 @@ static void phase_image(const mdl_conv2d_shape *s, const float *x, float *xp)
 #endif
 }
 
-/* B's rows read in place by AVX-512 tiles of 16 output channels (where the CPU has
- * AVX-512F), whose weights are packed their own way */
-static int rows_avx512(const mdl_conv2d_shape *s, const conv_geom *g, int wino)
-{
-    return !wino && rows_in_place(s, g->ho, g->wo) && mdl_use_avx512();
-}
-
-/* The weights w (c_out, K) packed for per_image: for Winograd, for the AVX-512
- * in-place tiles, or as the AVX2 GEMM's A operand */
+/* The weights w (c_out, K) packed for per_image: for Winograd; for B's rows read in
+ * place by AVX-512 tiles of 16 output channels (where the CPU has AVX-512F, the
+ * condition per_image tests); or as the AVX2 GEMM's A operand */
 static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino, const float *w,
                          float *pa)
 {
-#if MDL_X86
     if (wino)
         mdl_winograd_weights(s, w, pa);
-    else if (rows_avx512(s, g, wino))
+    else if (rows_in_place(s, g->ho, g->wo) && mdl_use_avx512())
         mdl_sgemm_avx512_rows_pack_a(s->c_out, g->K, w, g->K, pa);
     else
         mdl_sgemm_avx2_pack_a(0, s->c_out, g->K, 1.0f, w, g->K, pa);
-#else
-    (void)s, (void)g, (void)wino, (void)w, (void)pa;
-#endif
 }
 
 /* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
@@ -496,7 +482,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     float *thread_ws = ws + g->fixed / sizeof(float);
     /* per thread: the padded image (B read in place) or the column matrix (none
      * for a pointwise kernel), then a packed B panel; or Winograd's buffers */
-    const int in_place = !wino && rows_in_place(s, g->ho, g->wo), avx512 = rows_avx512(s, g, wino);
+    const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
+    const int avx512 = in_place && mdl_use_avx512(); /* weights packed for it (pack_weights) */
     const size_t col_floats = in_place ? phase_floats(s) : FLOATS(g->pointwise ? 0 : K * P);
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;

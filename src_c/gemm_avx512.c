@@ -424,9 +424,9 @@ static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
         if (!in_place) {
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < nkb * npan; i++) {
-                const int64_t pc = i / npan * kc, q = i % npan;
-                pack_b(trans_b, b, ldb, q * NR, pc, (int)min64(n - q * NR, NR),
-                       min64(k - pc, kc), bpack + pc * npan * NR + q * NR * min64(k - pc, kc));
+                const int64_t pc = i / npan * kc, q = i % npan, kb = min64(k - pc, kc);
+                pack_b(trans_b, b, ldb, q * NR, pc, (int)min64(n - q * NR, NR), kb,
+                       bpack + pc * npan * NR + q * NR * kb);
             }
         }
         float apanel[MR * KC_MAX] __attribute__((aligned(64)));
