@@ -169,6 +169,24 @@ MDL_API mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float 
                                          const float *w, const float *bias, int relu,
                                          double *channel_sum, double *channel_sumsq, float *y,
                                          void *workspace, size_t workspace_bytes);
+/* A per-channel affine map and ReLU, x -> max(x * scale[ch] + shift[ch], 0) (the
+ * max only when relu is non-zero; scale and shift both NULL: x itself): how a
+ * fused kernel reads an operand that a BatchNorm (and ReLU) would otherwise have
+ * written to memory first.  A NULL mdl_affine pointer means the operand as it is. */
+typedef struct mdl_affine {
+    const float *scale, *shift;     /* (channels) each, or both NULL */
+    int relu;
+} mdl_affine;
+
+/* The fused forward: as mdl_conv2d_forward_ex, reading the input through `in`
+ * (c_in channels; NULL: x as it is): the convolution of max(x * scale + shift, 0),
+ * the zero padding staying zero.  A BatchNorm's normalisation and the ReLU after it
+ * are applied as each image is read, so their output is never written. */
+MDL_API mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                            const mdl_affine *in, const float *w,
+                                            const float *bias, int relu, double *channel_sum,
+                                            double *channel_sumsq, float *y,
+                                            void *workspace, size_t workspace_bytes);
 /* dx = conv_transpose(dy, w), overwritten. */
 MDL_API mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                             const float *w, float *dx,
@@ -177,6 +195,12 @@ MDL_API mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const flo
 MDL_API mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
                                                const float *dy, float *dw, int accumulate,
                                                void *workspace, size_t workspace_bytes);
+/* mdl_conv2d_backward_weights of the input read through `in` (as in
+ * mdl_conv2d_forward_fused; NULL: x as it is), recomputed as each image is read. */
+MDL_API mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
+                                                     const mdl_affine *in, const float *dy,
+                                                     float *dw, int accumulate,
+                                                     void *workspace, size_t workspace_bytes);
 /* db (c_out) = or += sum of dy over n, h_out, w_out. */
 MDL_API mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                             float *db, int accumulate);
@@ -225,6 +249,14 @@ MDL_API mdl_status mdl_relu_backward(int64_t count, const float *x, const float 
 /* y[i] = a[i] + b[i]; y may equal a or b. */
 MDL_API mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y);
 
+/* y = act(fa(a) + fb(b)) over (n, c, hw), per channel: fa and fb read a and b
+ * through mdl_affine maps (NULL: as they are), act = max(., 0) when relu is
+ * non-zero.  b may be NULL: y = act(fa(a)).  y may equal a or b.  A residual
+ * addition of BatchNorm outputs with the ReLU after it, in one pass. */
+MDL_API mdl_status mdl_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                                  const mdl_affine *fa, const float *b, const mdl_affine *fb,
+                                  int relu, float *y);
+
 /* Inverted dropout: element i is kept when a counter-based hash of
  * (seed, i) maps to u >= p, and kept elements are scaled by 1 / (1 - p).
  * The mask is a pure function of (seed, i), so the backward recomputes it
@@ -258,6 +290,29 @@ MDL_API mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw,
                                            const float *save_mean, const float *save_invstd,
                                            float *dx, float *dgamma, float *dbeta,
                                            int accumulate);
+
+/* BatchNorm's training statistics from the per-channel float64 sums of its
+ * count = n * hw inputs (the channel_sum and channel_sumsq of a fused
+ * convolution): save_mean and save_invstd as mdl_batch_norm_forward_train writes
+ * them, the running statistics updated the same way (both NULL: not updated), and
+ * the normalisation as an affine map, scale = gamma * invstd and shift = beta -
+ * mean * scale (c each), for the kernels that apply it as they read (mdl_affine).
+ * count > 1. */
+MDL_API mdl_status mdl_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                        const double *channel_sumsq, const float *gamma,
+                                        const float *beta, float eps, float momentum,
+                                        float *running_mean, float *running_var,
+                                        float *save_mean, float *save_invstd, float *scale,
+                                        float *shift);
+/* mdl_batch_norm_backward of max(BatchNorm(x), 0): dy, the gradient of the ReLU's
+ * output, counts only where x * scale + shift > 0 (the map of mdl_batch_norm_stats;
+ * the ReLU's output is recomputed, not read). */
+MDL_API mdl_status mdl_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                const float *x, const float *gamma,
+                                                const float *dy, const float *save_mean,
+                                                const float *save_invstd, const float *scale,
+                                                const float *shift, float *dx, float *dgamma,
+                                                float *dbeta, int accumulate);
 
 /* ------------------------------------------------------------------------ */
 /* Fully connected: y (n, out) = x (n, in) @ w^T + b, w is (out, in)         */

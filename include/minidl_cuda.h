@@ -20,8 +20,9 @@
  * Conventions
  * -----------
  *  - Tensor pointers (x, w, y, workspace, ...) are device pointers; shape
- *    structs (mdl_conv2d_shape, mdl_pool2d_shape) and output-size pointers are
- *    host pointers, read or written before the call returns.
+ *    structs (mdl_conv2d_shape, mdl_pool2d_shape), mdl_affine structs (whose
+ *    scale and shift are device pointers) and output-size pointers are host
+ *    pointers, read or written before the call returns.
  *  - Every call is asynchronous on `stream` (NULL: the default stream) and
  *    returns an mdl_status: arguments are checked on the host before anything
  *    is launched (MDL_ERR_ARG with a message naming the argument, as in
@@ -129,6 +130,15 @@ MDL_API mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const f
                                               double *channel_sum, double *channel_sumsq,
                                               float *y, void *workspace, size_t workspace_bytes,
                                               mdl_cuda_stream stream);
+/* forward_ex of x read through `in` (see mdl_conv2d_forward_fused; NULL: x as it
+ * is): `in` is a host pointer, its scale and shift device pointers (c_in each).
+ * Needs no more workspace than the forward (mdl_cuda_conv2d_workspace_size). */
+MDL_API mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                                 const mdl_affine *in, const float *w,
+                                                 const float *bias, int relu,
+                                                 double *channel_sum, double *channel_sumsq,
+                                                 float *y, void *workspace,
+                                                 size_t workspace_bytes, mdl_cuda_stream stream);
 /* dx = conv_transpose(dy, w), overwritten. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                                  const float *w, float *dx,
@@ -139,6 +149,14 @@ MDL_API mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, c
                                                     const float *dy, float *dw, int accumulate,
                                                     void *workspace, size_t workspace_bytes,
                                                     mdl_cuda_stream stream);
+/* backward_weights of x read through `in` (as in mdl_cuda_conv2d_forward_fused),
+ * with the same workspace. */
+MDL_API mdl_status mdl_cuda_conv2d_backward_weights_fused(const mdl_conv2d_shape *s,
+                                                          const float *x, const mdl_affine *in,
+                                                          const float *dy, float *dw,
+                                                          int accumulate, void *workspace,
+                                                          size_t workspace_bytes,
+                                                          mdl_cuda_stream stream);
 /* db (c_out) = or += sum of dy over n, h_out, w_out. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                                  float *db, int accumulate,
@@ -177,6 +195,12 @@ MDL_API mdl_status mdl_cuda_relu_backward(int64_t count, const float *x, const f
                                           float *dx, mdl_cuda_stream stream);
 MDL_API mdl_status mdl_cuda_add(int64_t count, const float *a, const float *b, float *y,
                                 mdl_cuda_stream stream);
+/* y = act(fa(a) + fb(b)) over (n, c, hw) (see mdl_affine_add); fa and fb are host
+ * pointers (or NULL), their scale and shift device pointers (c each). */
+MDL_API mdl_status mdl_cuda_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                                       const mdl_affine *fa, const float *b,
+                                       const mdl_affine *fb, int relu, float *y,
+                                       mdl_cuda_stream stream);
 /* The same counter-based mask as mdl_dropout_forward: bit-identical output. */
 MDL_API mdl_status mdl_cuda_dropout_forward(int64_t count, float p, uint64_t seed,
                                             const float *x, float *y, mdl_cuda_stream stream);
@@ -207,6 +231,22 @@ MDL_API mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw
                                                 const float *save_invstd, float *dx,
                                                 float *dgamma, float *dbeta, int accumulate,
                                                 mdl_cuda_stream stream);
+/* Statistics and the affine map from float64 channel sums (device pointers), one
+ * thread per channel (see mdl_batch_norm_stats). */
+MDL_API mdl_status mdl_cuda_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                             const double *channel_sumsq, const float *gamma,
+                                             const float *beta, float eps, float momentum,
+                                             float *running_mean, float *running_var,
+                                             float *save_mean, float *save_invstd, float *scale,
+                                             float *shift, mdl_cuda_stream stream);
+/* batch_norm_backward with dy masked by x * scale + shift > 0 (the ReLU after it). */
+MDL_API mdl_status mdl_cuda_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                     const float *x, const float *gamma,
+                                                     const float *dy, const float *save_mean,
+                                                     const float *save_invstd,
+                                                     const float *scale, const float *shift,
+                                                     float *dx, float *dgamma, float *dbeta,
+                                                     int accumulate, mdl_cuda_stream stream);
 
 /* ------------------------------------------------------------------------ */
 /* Fully connected: y (n, out) = x (n, in) @ w^T + b                         */

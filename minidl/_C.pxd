@@ -48,11 +48,23 @@ cdef extern from "minidl.h" nogil:
                                      const float *bias, int relu, double *channel_sum,
                                      double *channel_sumsq, float *y, void *workspace,
                                      size_t workspace_bytes)
+    ctypedef struct mdl_affine:
+        const float *scale
+        const float *shift
+        int relu
+    mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                        const mdl_affine *in_, const float *w, const float *bias,
+                                        int relu, double *channel_sum, double *channel_sumsq,
+                                        float *y, void *workspace, size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
                                         float *dx, void *workspace, size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,
                                            float *dw, int accumulate, void *workspace,
                                            size_t workspace_bytes)
+    mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
+                                                 const mdl_affine *in_, const float *dy, float *dw,
+                                                 int accumulate, void *workspace,
+                                                 size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,
                                         int accumulate)
 
@@ -76,6 +88,9 @@ cdef extern from "minidl.h" nogil:
     mdl_status mdl_relu_forward(int64_t count, const float *x, float *y)
     mdl_status mdl_relu_backward(int64_t count, const float *x, const float *dy, float *dx)
     mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y)
+    mdl_status mdl_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                              const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
+                              float *y)
     mdl_status mdl_dropout_forward(int64_t count, float p, uint64_t seed, const float *x, float *y)
     mdl_status mdl_dropout_backward(int64_t count, float p, uint64_t seed, const float *dy, float *dx)
 
@@ -91,6 +106,16 @@ cdef extern from "minidl.h" nogil:
                                        const float *gamma, const float *dy, const float *save_mean,
                                        const float *save_invstd, float *dx, float *dgamma,
                                        float *dbeta, int accumulate)
+    mdl_status mdl_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                    const double *channel_sumsq, const float *gamma,
+                                    const float *beta, float eps, float momentum,
+                                    float *running_mean, float *running_var, float *save_mean,
+                                    float *save_invstd, float *scale, float *shift)
+    mdl_status mdl_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                            const float *gamma, const float *dy,
+                                            const float *save_mean, const float *save_invstd,
+                                            const float *scale, const float *shift, float *dx,
+                                            float *dgamma, float *dbeta, int accumulate)
 
     size_t mdl_linear_workspace_size(int64_t n, int64_t in_, int64_t out)
     mdl_status mdl_linear_forward(int64_t n, int64_t in_, int64_t out, const float *x, const float *w,

@@ -39,6 +39,13 @@ cdef inline size_t wbytes(float[::1] ws) noexcept nogil:
     return <size_t>ws.shape[0] * sizeof(float) if ws is not None else 0
 
 
+cdef inline const mdl_affine *affine(mdl_affine *f, const float[::1] scale,
+                                     const float[::1] shift, bint relu) noexcept:
+    """f filled in, or NULL for the identity (no scale, no ReLU)."""
+    f.scale, f.shift, f.relu = cptr(scale), cptr(shift), relu
+    return f if f.scale != NULL or relu else NULL
+
+
 # ---- runtime -------------------------------------------------------------------
 
 def version():
@@ -142,6 +149,22 @@ def conv2d_forward_ex(tuple shape, const float[::1] x, const float[::1] w, const
     check(st)
 
 
+def conv2d_forward_fused(tuple shape, const float[::1] x, const float[::1] in_scale,
+                         const float[::1] in_shift, bint in_relu, const float[::1] w,
+                         const float[::1] bias, bint relu, double[::1] channel_sum,
+                         double[::1] channel_sumsq, float[::1] y, float[::1] ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    cdef double *sums = &channel_sum[0] if channel_sum is not None else NULL
+    cdef double *sumsq = &channel_sumsq[0] if channel_sumsq is not None else NULL
+    with nogil:
+        st = mdl_conv2d_forward_fused(&cs, cptr(x), fp, cptr(w), cptr(bias), relu, sums, sumsq,
+                                      mptr(y), wptr(ws), wbytes(ws))
+    check(st)
+
+
 def conv2d_backward_data(tuple shape, const float[::1] dy, const float[::1] w, float[::1] dx,
                          float[::1] ws=None):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
@@ -158,6 +181,19 @@ def conv2d_backward_weights(tuple shape, const float[::1] x, const float[::1] dy
     with nogil:
         st = mdl_conv2d_backward_weights(&cs, cptr(x), cptr(dy), mptr(dw), accumulate,
                                          wptr(ws), wbytes(ws))
+    check(st)
+
+
+def conv2d_backward_weights_fused(tuple shape, const float[::1] x, const float[::1] in_scale,
+                                  const float[::1] in_shift, bint in_relu, const float[::1] dy,
+                                  float[::1] dw, bint accumulate, float[::1] ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_conv2d_backward_weights_fused(&cs, cptr(x), fp, cptr(dy), mptr(dw), accumulate,
+                                               wptr(ws), wbytes(ws))
     check(st)
 
 
@@ -249,6 +285,19 @@ def add(const float[::1] a, const float[::1] b, float[::1] y):
     check(st)
 
 
+def affine_add(int64_t n, int64_t c, int64_t hw, const float[::1] a, const float[::1] a_scale,
+               const float[::1] a_shift, bint a_relu, const float[::1] b,
+               const float[::1] b_scale, const float[::1] b_shift, bint b_relu, bint relu,
+               float[::1] y):
+    cdef mdl_affine fa, fb
+    cdef const mdl_affine *pa = affine(&fa, a_scale, a_shift, a_relu)
+    cdef const mdl_affine *pb = affine(&fb, b_scale, b_shift, b_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_affine_add(n, c, hw, cptr(a), pa, cptr(b), pb, relu, mptr(y))
+    check(st)
+
+
 def dropout_forward(float p, uint64_t seed, const float[::1] x, float[::1] y):
     cdef mdl_status st
     with nogil:
@@ -297,6 +346,34 @@ def batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float[::1] x,
         st = mdl_batch_norm_backward(n, c, hw, cptr(x), cptr(gamma), cptr(dy), cptr(save_mean),
                                      cptr(save_invstd), mptr(dx), mptr(dgamma), mptr(dbeta),
                                      accumulate)
+    check(st)
+
+
+def batch_norm_stats(int64_t c, int64_t count, const double[::1] channel_sum,
+                     const double[::1] channel_sumsq, const float[::1] gamma,
+                     const float[::1] beta, float eps, float momentum, float[::1] running_mean,
+                     float[::1] running_var, float[::1] save_mean, float[::1] save_invstd,
+                     float[::1] scale, float[::1] shift):
+    cdef mdl_status st
+    with nogil:
+        st = mdl_batch_norm_stats(c, count, &channel_sum[0], &channel_sumsq[0], cptr(gamma),
+                                  cptr(beta), eps, momentum, mptr(running_mean),
+                                  mptr(running_var), mptr(save_mean), mptr(save_invstd),
+                                  mptr(scale), mptr(shift))
+    check(st)
+
+
+def batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const float[::1] x,
+                             const float[::1] gamma, const float[::1] dy,
+                             const float[::1] save_mean, const float[::1] save_invstd,
+                             const float[::1] scale, const float[::1] shift, float[::1] dx,
+                             float[::1] dgamma, float[::1] dbeta, bint accumulate=False):
+    cdef mdl_status st
+    with nogil:
+        st = mdl_batch_norm_relu_backward(n, c, hw, cptr(x), cptr(gamma), cptr(dy),
+                                          cptr(save_mean), cptr(save_invstd), cptr(scale),
+                                          cptr(shift), mptr(dx), mptr(dgamma), mptr(dbeta),
+                                          accumulate)
     check(st)
 
 

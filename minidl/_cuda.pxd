@@ -1,6 +1,6 @@
 # Mirror of include/minidl_cuda.h, one to one (minidl.h's types come from _C.pxd).
 from libc.stdint cimport int64_t, uint64_t
-from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape
+from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape, mdl_affine
 
 cdef extern from "minidl_cuda.h" nogil:
     ctypedef struct CUstream_st
@@ -27,6 +27,11 @@ cdef extern from "minidl_cuda.h" nogil:
                                           double *channel_sum, double *channel_sumsq, float *y,
                                           void *workspace, size_t workspace_bytes,
                                           mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                             const mdl_affine *in_, const float *w,
+                                             const float *bias, int relu, double *channel_sum,
+                                             double *channel_sumsq, float *y, void *workspace,
+                                             size_t workspace_bytes, mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                              const float *w, float *dx, void *workspace,
                                              size_t workspace_bytes, mdl_cuda_stream stream)
@@ -34,6 +39,11 @@ cdef extern from "minidl_cuda.h" nogil:
                                                 const float *dy, float *dw, int accumulate,
                                                 void *workspace, size_t workspace_bytes,
                                                 mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
+                                                      const mdl_affine *in_, const float *dy,
+                                                      float *dw, int accumulate, void *workspace,
+                                                      size_t workspace_bytes,
+                                                      mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                              float *db, int accumulate, mdl_cuda_stream stream)
 
@@ -60,6 +70,9 @@ cdef extern from "minidl_cuda.h" nogil:
                                       mdl_cuda_stream stream)
     mdl_status mdl_cuda_add(int64_t count, const float *a, const float *b, float *y,
                             mdl_cuda_stream stream)
+    mdl_status mdl_cuda_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                                   const mdl_affine *fa, const float *b, const mdl_affine *fb,
+                                   int relu, float *y, mdl_cuda_stream stream)
     mdl_status mdl_cuda_dropout_forward(int64_t count, float p, uint64_t seed, const float *x,
                                         float *y, mdl_cuda_stream stream)
     mdl_status mdl_cuda_dropout_backward(int64_t count, float p, uint64_t seed, const float *dy,
@@ -80,6 +93,19 @@ cdef extern from "minidl_cuda.h" nogil:
                                             const float *save_mean, const float *save_invstd,
                                             float *dx, float *dgamma, float *dbeta,
                                             int accumulate, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                         const double *channel_sumsq, const float *gamma,
+                                         const float *beta, float eps, float momentum,
+                                         float *running_mean, float *running_var,
+                                         float *save_mean, float *save_invstd, float *scale,
+                                         float *shift, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                 const float *x, const float *gamma,
+                                                 const float *dy, const float *save_mean,
+                                                 const float *save_invstd, const float *scale,
+                                                 const float *shift, float *dx, float *dgamma,
+                                                 float *dbeta, int accumulate,
+                                                 mdl_cuda_stream stream)
 
     size_t mdl_cuda_linear_workspace_size(int64_t n, int64_t in_, int64_t out)
     mdl_status mdl_cuda_linear_forward(int64_t n, int64_t in_, int64_t out, const float *x,

@@ -15,6 +15,9 @@ device address cannot tell is appended after _C's parameters (before
 - ``loss`` for softmax_cross_entropy: the device address of one float32 that
   receives the mean loss (the function returns None).
 
+The fused kernels take each mdl_affine map as three parameters (scale, shift,
+relu): scale 0 with relu False passes a NULL map (the operand as it is).
+
 Errors raise what _C raises: ValueError for a bad argument or a too-small
 workspace, MemoryError when out of memory, minidl._C.MinidlError otherwise
 (a CUDA error: no device, a failed launch), with the library's message.
@@ -50,6 +53,17 @@ cdef inline float *mptr(uintptr_t a) noexcept nogil:
 
 cdef inline mdl_cuda_stream sptr(uintptr_t s) noexcept nogil:
     return <mdl_cuda_stream>s
+
+
+cdef inline const mdl_affine *affine(mdl_affine *m, uintptr_t scale, uintptr_t shift,
+                                     bint relu) noexcept nogil:
+    """*m set to (scale, shift, relu) and m, or NULL when scale is 0 and relu false."""
+    if scale == 0 and not relu:
+        return NULL
+    m.scale = cptr(scale)
+    m.shift = cptr(shift)
+    m.relu = relu
+    return m
 
 
 # ---- runtime ------------------------------------------------------------------
@@ -121,6 +135,21 @@ def conv2d_forward_ex(tuple shape, uintptr_t x, uintptr_t w, uintptr_t bias, bin
     check(st)
 
 
+def conv2d_forward_fused(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
+                         bint in_relu, uintptr_t w, uintptr_t bias, bint relu,
+                         uintptr_t channel_sum, uintptr_t channel_sumsq, uintptr_t y,
+                         uintptr_t ws=0, size_t ws_bytes=0, uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_forward_fused(&cs, cptr(x), fin, cptr(w), cptr(bias), relu,
+                                           <double *>channel_sum, <double *>channel_sumsq,
+                                           mptr(y), <void *>ws, ws_bytes, sptr(stream))
+    check(st)
+
+
 def conv2d_backward_data(tuple shape, uintptr_t dy, uintptr_t w, uintptr_t dx, uintptr_t ws=0,
                          size_t ws_bytes=0, uintptr_t stream=0):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
@@ -139,6 +168,21 @@ def conv2d_backward_weights(tuple shape, uintptr_t x, uintptr_t dy, uintptr_t dw
     with nogil:
         st = mdl_cuda_conv2d_backward_weights(&cs, cptr(x), cptr(dy), mptr(dw), accumulate,
                                               <void *>ws, ws_bytes, sptr(stream))
+    check(st)
+
+
+def conv2d_backward_weights_fused(tuple shape, uintptr_t x, uintptr_t in_scale,
+                                  uintptr_t in_shift, bint in_relu, uintptr_t dy, uintptr_t dw,
+                                  bint accumulate, uintptr_t ws=0, size_t ws_bytes=0,
+                                  uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_backward_weights_fused(&cs, cptr(x), fin, cptr(dy), mptr(dw),
+                                                    accumulate, <void *>ws, ws_bytes,
+                                                    sptr(stream))
     check(st)
 
 
@@ -231,6 +275,19 @@ def add(uintptr_t a, uintptr_t b, uintptr_t y, int64_t count, uintptr_t stream=0
     check(st)
 
 
+def affine_add(int64_t n, int64_t c, int64_t hw, uintptr_t a, uintptr_t a_scale,
+               uintptr_t a_shift, bint a_relu, uintptr_t b, uintptr_t b_scale, uintptr_t b_shift,
+               bint b_relu, bint relu, uintptr_t y, uintptr_t stream=0):
+    cdef mdl_affine ma, mb
+    cdef const mdl_affine *fa = affine(&ma, a_scale, a_shift, a_relu)
+    cdef const mdl_affine *fb = affine(&mb, b_scale, b_shift, b_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_affine_add(n, c, hw, cptr(a), fa, cptr(b), fb, relu, mptr(y),
+                                 sptr(stream))
+    check(st)
+
+
 def dropout_forward(float p, uint64_t seed, uintptr_t x, uintptr_t y, int64_t count,
                     uintptr_t stream=0):
     cdef mdl_status st
@@ -282,6 +339,33 @@ def batch_norm_backward(int64_t n, int64_t c, int64_t hw, uintptr_t x, uintptr_t
         st = mdl_cuda_batch_norm_backward(n, c, hw, cptr(x), cptr(gamma), cptr(dy),
                                           cptr(save_mean), cptr(save_invstd), mptr(dx),
                                           mptr(dgamma), mptr(dbeta), accumulate, sptr(stream))
+    check(st)
+
+
+def batch_norm_stats(int64_t c, int64_t count, uintptr_t channel_sum, uintptr_t channel_sumsq,
+                     uintptr_t gamma, uintptr_t beta, float eps, float momentum,
+                     uintptr_t running_mean, uintptr_t running_var, uintptr_t save_mean,
+                     uintptr_t save_invstd, uintptr_t scale, uintptr_t shift, uintptr_t stream=0):
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_batch_norm_stats(c, count, <const double *>channel_sum,
+                                       <const double *>channel_sumsq, cptr(gamma), cptr(beta),
+                                       eps, momentum, mptr(running_mean), mptr(running_var),
+                                       mptr(save_mean), mptr(save_invstd), mptr(scale),
+                                       mptr(shift), sptr(stream))
+    check(st)
+
+
+def batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, uintptr_t x, uintptr_t gamma,
+                             uintptr_t dy, uintptr_t save_mean, uintptr_t save_invstd,
+                             uintptr_t scale, uintptr_t shift, uintptr_t dx, uintptr_t dgamma,
+                             uintptr_t dbeta, bint accumulate=False, uintptr_t stream=0):
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_batch_norm_relu_backward(n, c, hw, cptr(x), cptr(gamma), cptr(dy),
+                                               cptr(save_mean), cptr(save_invstd), cptr(scale),
+                                               cptr(shift), mptr(dx), mptr(dgamma), mptr(dbeta),
+                                               accumulate, sptr(stream))
     check(st)
 
 

@@ -2,7 +2,10 @@
 with per-layer forward/backward times (like `caffe time`) and peak memory.
 
 The JSON fields train_images_per_s, infer_images_per_s, peak_rss_mb and layers are
-stable; later features add fields.  On a device other than the cpu: `device`,
+stable; later features add fields.  `fused` says whether the training plan has the
+pass `fusion` (`--fuse/--no-fuse`); `bytes_moved` is the bytes the kernels of a
+training step read and write and `activation_bytes` the bytes kept from forward for
+backward, both from the plan (minidl.plan, from the shapes).  On a device other than the cpu: `device`,
 `device_peak_bytes` (the device's own peak over the run), `copies_per_step` (count
 and bytes, h2d and d2h, of one training step) and `launches_per_step`; on sim also
 `modelled_train_step_ms` and `modelled_train_images_per_s` from its cost model.
@@ -40,7 +43,8 @@ def _median_time(fn, steps: int) -> float:
 
 def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = None,
         warmup: int = 3, seed: int = 0, device="cpu",
-        comm: Optional[distributed.Comm] = None, exchange: str = "host") -> Dict:
+        comm: Optional[distributed.Comm] = None, exchange: str = "host",
+        fuse: bool = True) -> Dict:
     comm = comm or distributed.Comm()
     if threads is not None:
         minidl.set_num_threads(threads)
@@ -54,7 +58,7 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
     dev = get_device(device)
     net = models.build(model, seed=seed).to(dev)
     opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    plan = make_plan(net, local, optimizer_slots=len(opt.slots), device=dev)
+    plan = make_plan(net, local, optimizer_slots=len(opt.slots), device=dev, fuse=fuse)
     ex = Executor(net, plan, seed=seed)
     reducer = distributed.GradientReducer(net, comm, exchange=exchange)
     if comm.size > 1:
@@ -103,6 +107,8 @@ def run(model: str, batch_size: int, steps: int = 20, threads: Optional[int] = N
         "peak_rss_mb": max(comm.allgather(
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
         "predicted_peak_mb": plan.memory["peak"] / 2**20,
+        "fused": fuse, "bytes_moved": plan.bytes_moved() * comm.size,
+        "activation_bytes": plan.memory["kept_activations"] * comm.size,
         "layers": layers,
     }
     if comm.size > 1:
@@ -133,10 +139,12 @@ def _device_step(dev, train_step, batch_size: int) -> Dict:
 def format_report(r: Dict) -> str:
     ranks = f", {r['ranks']} ranks" if "ranks" in r else ""
     lines = [f"{r['model']}, batch {r['batch_size']}{ranks}, {r['threads']} threads "
-             f"({r['simd']}), device {r['device']}:",
+             f"({r['simd']}), device {r['device']}, {'fused' if r['fused'] else 'unfused'}:",
              f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
              f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "
              f"images/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+             f"  per step {r['bytes_moved'] / 2**20:.0f} MiB moved, "
+             f"{r['activation_bytes'] / 2**20:.1f} MiB kept for backward",
              *([f"  gradient exchange: {r['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank "
                 f"per step, {r['comm_wait_ms_per_step']:.2f} ms waited per step"]
                if "ranks" in r else []),

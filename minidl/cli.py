@@ -51,7 +51,14 @@ def _train_parser(sub):
     _nproc_argument(p)
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all "
                    "ranks' batches (default: per rank)")
+    _fuse_argument(p)
     p.set_defaults(run=_train)
+
+
+def _fuse_argument(p):
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="fuse Conv+BatchNorm+ReLU in training (the plan's pass `fusion`; "
+                        "default: on)")
 
 
 def _nproc_argument(p):
@@ -102,7 +109,7 @@ def _bench(a):
     device = from_options(distributed.local_device(a.device, comm), a.sim_memory,
                           a.gpu_memory)
     r = bench.run(a.model, a.batch_size, a.steps, a.threads, a.warmup, device=device,
-                  comm=comm, exchange=a.grad_exchange)
+                  comm=comm, exchange=a.grad_exchange, fuse=a.fuse)
     if comm.rank == 0:
         print(json.dumps(r) if a.json else bench.format_report(r))
     return 0
@@ -111,7 +118,8 @@ def _bench(a):
 def _plan(a):
     from minidl import models
     from minidl.plan import make_plan
-    plan = make_plan(models.build(a.model, seed=None), a.batch_size, device=a.device)
+    plan = make_plan(models.build(a.model, seed=None), a.batch_size, device=a.device,
+                     fuse=a.fuse)
     print(plan.to_json(indent=1) if a.json else plan)
     return 0
 
@@ -164,12 +172,14 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     _device_options(b)
     _nproc_argument(b)
+    _fuse_argument(b)
     b.set_defaults(run=_bench)
     pl = sub.add_parser("plan", help="print the plan of a model")
     pl.add_argument("--model", default="cifar10_quick")
     pl.add_argument("--batch-size", type=int, default=100)
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--device", default="cpu", help="the device the plan is for")
+    _fuse_argument(pl)
     pl.set_defaults(run=_plan)
     m = sub.add_parser("models", help="list the models with their parameter counts")
     m.set_defaults(run=_models)

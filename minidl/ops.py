@@ -36,11 +36,11 @@ IntPair = Union[int, Tuple[int, int]]
 
 __all__ = [
     "sgemm",
-    "conv2d", "conv2d_backward",
+    "conv2d", "conv2d_fused", "conv2d_backward",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
     "global_avg_pool2d", "global_avg_pool2d_backward",
-    "relu", "relu_backward", "add", "dropout", "dropout_backward",
-    "batch_norm", "batch_norm_backward",
+    "relu", "relu_backward", "add", "affine_add", "dropout", "dropout_backward",
+    "batch_norm", "batch_norm_stats", "batch_norm_backward",
     "linear", "linear_backward",
     "softmax_cross_entropy",
     "sgd_step", "adam_step",
@@ -226,6 +226,30 @@ def _conv_shapes(x: np.ndarray, w: np.ndarray, stride, padding):
     return shape, _C.conv2d_output_size((max(n, 1),) + shape[1:])
 
 
+def _conv_args(x, w, b, stride, padding):
+    """x, w, b checked and converted; the C shape tuple and the output size."""
+    x = _input("x", x, 4, "(N, C_in, H, W)")
+    w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
+    shape, (ho, wo) = _conv_shapes(x, w, stride, padding)
+    c_out = shape[4]
+    if b is not None:
+        b = _input("b", b, 1, "(C_out,)")
+        if b.shape != (c_out,):
+            raise ValueError(f"b must have shape (C_out,) = ({c_out},), got {b.shape}")
+    return x, w, b, shape, ho, wo
+
+
+def _input_map(x, scale, shift):
+    """The per-channel map (scale, shift) through which an op reads x: both or neither,
+    each (C,) with C = x.shape[1]."""
+    if (scale is None) != (shift is None):
+        raise ValueError("x_scale and x_shift must be given together (or neither)")
+    if scale is None:
+        return None, None
+    c = x.shape[1]
+    return _bn_param("x_scale", scale, c), _bn_param("x_shift", shift, c)
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
            stride: IntPair = 1, padding: IntPair = 0, relu: bool = False) -> np.ndarray:
     """2-D convolution (cross-correlation) with zero padding [torch.nn.functional.conv2d].
@@ -235,16 +259,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
     relu: return max(y, 0), applied by the convolution's epilogue (no second pass).
     Returns y: (N, C_out, H_out, W_out), H_out = (H + 2 * pad_h - kh) // stride_h + 1.
     """
-    x = _input("x", x, 4, "(N, C_in, H, W)")
-    w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
-    shape, (ho, wo) = _conv_shapes(x, w, stride, padding)
-    c_out = shape[4]
-    if b is not None:
-        b = _input("b", b, 1, "(C_out,)")
-        if b.shape != (c_out,):
-            raise ValueError(f"b must have shape (C_out,) = ({c_out},), got {b.shape}")
+    x, w, b, shape, ho, wo = _conv_args(x, w, b, stride, padding)
     k = _kernels(x=x, w=w, b=b)
-    y = _empty(x, (x.shape[0], c_out, ho, wo))
+    y = _empty(x, (x.shape[0], shape[4], ho, wo))
     if x.shape[0] == 0:
         return y
     ws = _workspace(k, x, "conv2d_workspace_size", shape)
@@ -256,25 +273,61 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
     return y
 
 
+def conv2d_fused(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
+                 stride: IntPair = 1, padding: IntPair = 0, x_scale: Optional[np.ndarray] = None,
+                 x_shift: Optional[np.ndarray] = None, x_relu: bool = False,
+                 relu: bool = False, stats: bool = False):
+    """conv2d of x read through a per-channel map, with the output's channel sums.
+
+    The convolution reads a = max(x * x_scale[c] + x_shift[c], 0) for each input
+    channel c (the max only when x_relu; x_scale and x_shift (C_in,) both given or
+    both None), the zero padding staying zero: a BatchNorm's normalisation and the
+    ReLU after it applied as each image is read, so a is never written.  relu as in
+    conv2d.  Returns (y, channel_sum, channel_sumsq): with stats, the float64 (C_out,)
+    sum and sum of squares of the final y over N, H_out and W_out, taken while each
+    output tile is in registers (a following BatchNorm's statistics); else None, None.
+    """
+    x, w, b, shape, ho, wo = _conv_args(x, w, b, stride, padding)
+    x_scale, x_shift = _input_map(x, x_scale, x_shift)
+    k = _kernels(x=x, w=w, b=b, x_scale=x_scale, x_shift=x_shift)
+    c_out = shape[4]
+    y = _empty(x, (x.shape[0], c_out, ho, wo))
+    sums = (_empty(x, (c_out,), np.float64), _empty(x, (c_out,), np.float64)) if stats \
+        else (None, None)
+    if x.shape[0] == 0:
+        for a in sums:
+            if a is not None:
+                _fill(a, 0.0)
+        return (y,) + sums
+    ws = _workspace(k, x, "conv2d_workspace_size", shape)
+    k.conv2d_forward_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu), w.reshape(-1),
+                           _flat(b), bool(relu), sums[0], sums[1], y.reshape(-1), ws)
+    return (y,) + sums
+
+
 def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: IntPair = 1,
-                    padding: IntPair = 0, need_dx: bool = True, need_db: bool = True
+                    padding: IntPair = 0, need_dx: bool = True, need_db: bool = True,
+                    x_scale: Optional[np.ndarray] = None, x_shift: Optional[np.ndarray] = None,
+                    x_relu: bool = False
                     ) -> Tuple[Optional[np.ndarray], np.ndarray, Optional[np.ndarray]]:
     """Gradients of conv2d(x, w, b, stride=stride, padding=padding) given dy = dL/dy.
 
     x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), dy: (N, C_out, H_out, W_out), exactly
     the output shape.  Returns (dx, dw, db) with the shapes of x, w and (C_out,);
     dx is None when need_dx is False (a network's first layer needs no input gradient)
-    and db None when need_db is False (a convolution without bias).
+    and db None when need_db is False (a convolution without bias).  With x_scale,
+    x_shift and x_relu (conv2d_fused's input map), the gradients of the convolution of
+    the mapped input: dw recomputes it as each image is read, and dx is the gradient
+    with respect to the mapped input, not x.
     """
-    x = _input("x", x, 4, "(N, C_in, H, W)")
-    w = _input("w", w, 4, "(C_out, C_in, kh, kw)")
-    shape, (ho, wo) = _conv_shapes(x, w, stride, padding)
+    x, w, _, shape, ho, wo = _conv_args(x, w, None, stride, padding)
+    x_scale, x_shift = _input_map(x, x_scale, x_shift)
     dy = _input("dy", dy, 4, "(N, C_out, H_out, W_out)")
     n, c_out = x.shape[0], shape[4]
     if dy.shape != (n, c_out, ho, wo):
         raise ValueError(f"dy must have the output shape (N, C_out, H_out, W_out) = "
                          f"{(n, c_out, ho, wo)}, got {dy.shape}")
-    k = _kernels(x=x, w=w, dy=dy)
+    k = _kernels(x=x, w=w, dy=dy, x_scale=x_scale, x_shift=x_shift)
     dx = _empty(x, x.shape) if need_dx else None
     dw = _empty(x, w.shape)
     db = _empty(x, (c_out,)) if need_db else None
@@ -290,7 +343,11 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
         ws = _workspace(k, x, "conv2d_workspace_size", shape)
     if need_dx:
         k.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
-    k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
+    if x_scale is None and not x_relu:
+        k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
+    else:
+        k.conv2d_backward_weights_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
+                                        dy.reshape(-1), dw.reshape(-1), False, ws)
     if need_db:
         k.conv2d_backward_bias(shape, dy.reshape(-1), db)
     return dx, dw, db
@@ -453,6 +510,36 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return y
 
 
+def affine_add(a: np.ndarray, b: Optional[np.ndarray] = None, *,
+               a_scale: Optional[np.ndarray] = None, a_shift: Optional[np.ndarray] = None,
+               a_relu: bool = False, b_scale: Optional[np.ndarray] = None,
+               b_shift: Optional[np.ndarray] = None, b_relu: bool = False,
+               relu: bool = False) -> np.ndarray:
+    """act(fa(a) + fb(b)) in one pass, per channel of (N, C, ...) arrays of one shape:
+    f(x) = max(x * scale[c] + shift[c], 0) with each operand's (C,) scale and shift
+    (both or neither) and ReLU flag, act = max(., 0) when relu.  b None: act(fa(a)).
+    A BatchNorm's normalisation, a residual addition and the ReLU after them without
+    writing the normalised operands."""
+    a = _input("a", a)
+    if a.ndim < 2:
+        raise ValueError(f"a must be (N, C, ...), at least 2-D, got shape {a.shape}")
+    a_scale, a_shift = _input_map(a, a_scale, a_shift)
+    if b is not None:
+        b = _input("b", b)
+        if b.shape != a.shape:
+            raise ValueError(f"b must have the shape of a {a.shape}, got {b.shape}")
+        b_scale, b_shift = _input_map(b, b_scale, b_shift)
+    elif b_scale is not None or b_shift is not None or b_relu:
+        raise ValueError("b_scale, b_shift and b_relu need an operand b")
+    k = _kernels(a=a, b=b, a_scale=a_scale, a_shift=a_shift, b_scale=b_scale, b_shift=b_shift)
+    y = _empty(a, a.shape)
+    n, c = a.shape[:2]
+    if a.size:
+        k.affine_add(n, c, a.size // (n * c), a.reshape(-1), a_scale, a_shift, bool(a_relu),
+                     _flat(b), b_scale, b_shift, bool(b_relu), bool(relu), y.reshape(-1))
+    return y
+
+
 def _seed(seed) -> int:
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {seed!r}")
@@ -567,8 +654,45 @@ def batch_norm(x: np.ndarray, gamma: Optional[np.ndarray], beta: Optional[np.nda
     return y, running_mean.copy(), invstd
 
 
+def batch_norm_stats(channel_sum, channel_sumsq, count: int, gamma: Optional[np.ndarray],
+                     beta: Optional[np.ndarray], *, running_mean: Optional[np.ndarray] = None,
+                     running_var: Optional[np.ndarray] = None, momentum: float = 0.1,
+                     eps: float = 1e-5) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """batch_norm's training statistics from float64 (C,) sums of its count inputs per
+    channel (conv2d_fused(stats=True)), updating running_mean and running_var as
+    batch_norm does.  Returns (mean, invstd, scale, shift), float32 (C,): the batch
+    statistics as batch_norm returns them and the normalisation as a map, y = x * scale
+    + shift with scale = gamma * invstd and shift = beta - mean * scale."""
+    for name, a in (("channel_sum", channel_sum), ("channel_sumsq", channel_sumsq)):
+        if not isinstance(a, (np.ndarray, DeviceArray)) or a.dtype != np.float64 or a.ndim != 1:
+            raise TypeError(f"{name} must be a float64 (C,) array, got "
+                            f"{getattr(a, 'dtype', type(a).__name__)} "
+                            f"{getattr(a, 'shape', '')}")
+    c = channel_sum.shape[0]
+    if channel_sumsq.shape != (c,):
+        raise ValueError(f"channel_sumsq must have shape ({c},), got {channel_sumsq.shape}")
+    count = _int("count", count, 2)
+    gamma = _bn_param("gamma", gamma, c, 1.0, channel_sum)
+    beta = _bn_param("beta", beta, c, 0.0, channel_sum)
+    momentum = _float("momentum", momentum, 0.0, 1.0)
+    eps = _float("eps", eps, 0.0, np.inf, hi_open=True)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together")
+    if running_mean is not None:
+        _inout("running_mean", running_mean, (c,))
+        _inout("running_var", running_var, (c,))
+    k = _kernels(channel_sum=channel_sum, channel_sumsq=channel_sumsq, gamma=gamma, beta=beta,
+                 running_mean=running_mean, running_var=running_var)
+    out = [_empty(gamma, (c,)) for _ in range(4)]
+    k.batch_norm_stats(c, count, channel_sum, channel_sumsq, gamma, beta, eps, momentum,
+                       running_mean, running_var, *out)
+    return tuple(out)
+
+
 def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarray,
-                        mean: np.ndarray, invstd: np.ndarray
+                        mean: np.ndarray, invstd: np.ndarray, *,
+                        relu_scale: Optional[np.ndarray] = None,
+                        relu_shift: Optional[np.ndarray] = None
                         ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of batch_norm(x, gamma, beta, training=True).
 
@@ -577,6 +701,9 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
     dbeta (C,)), with xhat = (x - mean) * invstd and m = N * H * W values per channel:
     dbeta = sum(dy), dgamma = sum(dy * xhat),
     dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
+    With relu_scale and relu_shift (batch_norm_stats' scale and shift), the gradients
+    of max(batch_norm(x), 0): dy is the ReLU output's gradient, counted only where
+    x * relu_scale + relu_shift > 0 (the ReLU's output recomputed, not stored).
     """
     x, n, c, hw = _bn_x(x)
     dy = _input("dy", dy)
@@ -585,12 +712,23 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
     gamma = _bn_param("gamma", gamma, c, 1.0, x)
     mean = _bn_param("mean", mean, c)
     invstd = _bn_param("invstd", invstd, c)
-    k = _kernels(x=x, gamma=gamma, dy=dy, mean=mean, invstd=invstd)
+    if (relu_scale is None) != (relu_shift is None):
+        raise ValueError("relu_scale and relu_shift must be given together (or neither)")
+    if relu_scale is not None:
+        relu_scale = _bn_param("relu_scale", relu_scale, c)
+        relu_shift = _bn_param("relu_shift", relu_shift, c)
+    k = _kernels(x=x, gamma=gamma, dy=dy, mean=mean, invstd=invstd, relu_scale=relu_scale,
+                 relu_shift=relu_shift)
     dx = _empty(x, x.shape)
     dgamma = _empty(x, (c,))
     dbeta = _empty(x, (c,))
-    k.batch_norm_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean, invstd,
-                           dx.reshape(-1), dgamma, dbeta)
+    if relu_scale is None:
+        k.batch_norm_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean, invstd,
+                              dx.reshape(-1), dgamma, dbeta)
+    else:
+        k.batch_norm_relu_backward(n, c, hw, x.reshape(-1), gamma, dy.reshape(-1), mean,
+                                   invstd, relu_scale, relu_shift, dx.reshape(-1), dgamma,
+                                   dbeta)
     return dx, dgamma, dbeta
 
 
@@ -793,6 +931,7 @@ def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray,
 # ---- device= ----------------------------------------------------------------------
 
 _IN_PLACE = {"sgemm": ("out",), "batch_norm": ("running_mean", "running_var"),
+             "batch_norm_stats": ("running_mean", "running_var"),
              "sgd_step": ("param", "momentum_buffer"),
              "adam_step": ("param", "exp_avg", "exp_avg_sq")}
 """Arguments ops update in place: with device=, these must already be on the device."""

@@ -60,6 +60,7 @@ class TrainConfig:
     nproc: Optional[int] = None  # ranks of a data-parallel job (checked against MPI's)
     sync_bn: bool = False  # BatchNorm statistics over all ranks' batches
     grad_exchange: str = "host"  # gradients reduced from host buffers or in device memory
+    fuse: bool = True  # Conv+BatchNorm+ReLU fused (the plan's pass `fusion`)
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None filled in from the model's recipe."""
@@ -168,7 +169,7 @@ def train(config: TrainConfig, log=print) -> Dict:
     opt = _optimizer(cfg, net)
     local_batch = cfg.batch_size // comm.size
     executor = Executor(net, make_plan(net, local_batch, optimizer_slots=len(opt.slots),
-                                       device=device),
+                                       device=device, fuse=cfg.fuse),
                         seed=cfg.seed + (comm.rank << 32))  # own dropout masks per rank
     reducer = distributed.GradientReducer(net, comm, exchange=cfg.grad_exchange)
     if comm.size > 1:

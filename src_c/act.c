@@ -31,6 +31,19 @@ void mdl_dropout_scalar(int64_t lo, int64_t hi, uint32_t threshold, float scale,
         y[i] = (mdl_dropout_hash(seed, i) >> 8) >= threshold ? x[i] * scale : 0.0f;
 }
 
+void mdl_affine_add_scalar(int64_t r0, int64_t r1, int64_t j0, int64_t c, int64_t hw,
+                           const float *a, const mdl_affine *fa, const float *b,
+                           const mdl_affine *fb, int relu, float *y)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const mdl_affine_ch ga = mdl_affine_at(fa, r % c), gb = mdl_affine_at(fb, r % c);
+        for (int64_t j = r * hw + j0; j < (r + 1) * hw; j++) {
+            float v = mdl_affine_apply(a[j], ga) + (b ? mdl_affine_apply(b[j], gb) : 0.0f);
+            y[j] = relu && v < 0.0f ? 0.0f : v;
+        }
+    }
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 mdl_status mdl_relu_forward(int64_t count, const float *x, float *y)
@@ -71,6 +84,33 @@ mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y)
     MDL_PARALLEL_RANGES(count, (double)count,
                         if (avx2) mdl_add_avx2(lo, hi, a, b, y);
                         else mdl_add_scalar(lo, hi, a, b, y));
+    return MDL_OK;
+}
+
+static mdl_status check_affine(const char *fn, const char *name, const mdl_affine *f)
+{
+    if (f && (f->scale == NULL) != (f->shift == NULL))
+        return mdl_error(MDL_ERR_ARG, "%s: %s->scale and %s->shift must both be given or both "
+                         "be NULL", fn, name, name);
+    return MDL_OK;
+}
+
+mdl_status mdl_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                          const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
+                          float *y)
+{
+    MDL_CHECK(n >= 0 && c >= 1 && hw >= 0, "%s: need n >= 0, c >= 1, hw >= 0, got n = %lld, "
+              "c = %lld, hw = %lld", __func__, (long long)n, (long long)c, (long long)hw);
+    mdl_status st = check_affine(__func__, "fa", fa);
+    if (st == MDL_OK) st = check_affine(__func__, "fb", fb);
+    if (st != MDL_OK || n == 0 || hw == 0) return st;
+    MDL_CHECK_PTR(a);
+    MDL_CHECK_PTR(y);
+    const int64_t rows = n * c;
+    int avx2 = mdl_use_avx2();
+    MDL_PARALLEL_RANGES(rows, (double)rows * hw,
+                        if (avx2) mdl_affine_add_avx2(lo, hi, c, hw, a, fa, b, fb, relu, y);
+                        else mdl_affine_add_scalar(lo, hi, 0, c, hw, a, fa, b, fb, relu, y));
     return MDL_OK;
 }
 

@@ -37,6 +37,38 @@ void mdl_add_avx2(int64_t lo, int64_t hi, const float *a, const float *b, float 
     mdl_add_scalar(i, hi, a, b, y);
 }
 
+/* max(v, 0) when relu, keeping NaN (as mdl_relu_forward) */
+static inline __m256 relu8(__m256 v, int relu)
+{
+    return relu ? _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ), v) : v;
+}
+
+/* fa(x) for 8 values: x * s + t, then the ReLU when relu */
+static inline __m256 affine8(__m256 x, __m256 s, __m256 t, int relu)
+{
+    return relu8(_mm256_fmadd_ps(x, s, t), relu);
+}
+
+void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const float *a,
+                         const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
+                         float *y)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const mdl_affine_ch ga = mdl_affine_at(fa, r % c), gb = mdl_affine_at(fb, r % c);
+        const __m256 sa = _mm256_set1_ps(ga.s), ta = _mm256_set1_ps(ga.t);
+        const __m256 sb = _mm256_set1_ps(gb.s), tb = _mm256_set1_ps(gb.t);
+        const float *pa = a + r * hw, *pb = b ? b + r * hw : NULL;
+        float *py = y + r * hw;
+        int64_t j = 0;
+        for (; j + 8 <= hw; j += 8) {
+            __m256 v = affine8(_mm256_loadu_ps(pa + j), sa, ta, ga.relu);
+            if (pb) v = _mm256_add_ps(v, affine8(_mm256_loadu_ps(pb + j), sb, tb, gb.relu));
+            _mm256_storeu_ps(py + j, relu8(v, relu));
+        }
+        if (j < hw) mdl_affine_add_scalar(r, r + 1, j, c, hw, a, fa, b, fb, relu, y);
+    }
+}
+
 static inline __m256i fmix32_v(__m256i h)
 {
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));

@@ -66,10 +66,16 @@ void mdl_bn_infer_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c
 }
 
 /* x, dy, dx (n, c, hw); dx overwritten, dgamma and dbeta (c) = or += */
+/* dy, or 0 where the ReLU after the BatchNorm was 0: x * s + t <= 0 (ms != NULL) */
+#define GATE(g, x) (ms && !(fmaf((x), ms[ch], mt[ch]) > 0.0f) ? 0.0f : (g))
+
+/* x, dy, dx (n, c, hw); with ms, mt (not NULL) dy is the gradient of max(y, 0) and
+ * counts only where x * ms + mt > 0 */
 void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                             const float *x, const float *gamma, const float *dy,
-                            const float *mean, const float *invstd, float *dx, float *dgamma,
-                            float *dbeta, int accumulate)
+                            const float *mean, const float *invstd, const float *ms,
+                            const float *mt, float *dx, float *dgamma, float *dbeta,
+                            int accumulate)
 {
     const int64_t m = n * hw;
     for (int64_t ch = c0; ch < c1; ch++) {
@@ -78,8 +84,9 @@ void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_
         for (int64_t i = 0; i < n; i++) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             for (int64_t j = 0; j < hw; j++) {
-                sdy += g[j];
-                sdyd += (double)g[j] * (double)(p[j] - mu);
+                const float gj = GATE(g[j], p[j]);
+                sdy += gj;
+                sdyd += (double)gj * (double)(p[j] - mu);
             }
         }
         float a, b, c0f;
@@ -88,10 +95,11 @@ void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_
         for (int64_t i = 0; i < n; i++) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             float *q = ROW(dx, i, ch);
-            for (int64_t j = 0; j < hw; j++) q[j] = g[j] * a + (p[j] - mu) * b + c0f;
+            for (int64_t j = 0; j < hw; j++) q[j] = GATE(g[j], p[j]) * a + (p[j] - mu) * b + c0f;
         }
     }
 }
+#undef GATE
 
 /* ---- checks and dispatch -------------------------------------------------- */
 
@@ -152,12 +160,11 @@ mdl_status mdl_batch_norm_forward_infer(int64_t n, int64_t c, int64_t hw, const 
     return MDL_OK;
 }
 
-mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x,
-                                   const float *gamma, const float *dy, const float *save_mean,
-                                   const float *save_invstd, float *dx, float *dgamma,
-                                   float *dbeta, int accumulate)
+static mdl_status backward(const char *fn, int64_t n, int64_t c, int64_t hw, const float *x,
+                           const float *gamma, const float *dy, const float *save_mean,
+                           const float *save_invstd, const float *ms, const float *mt, float *dx,
+                           float *dgamma, float *dbeta, int accumulate)
 {
-    static const char fn[] = "mdl_batch_norm_backward";
     mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
     if (st != MDL_OK) return st;
     st = mdl_bn_check_backward_args(fn, x, gamma, dy, save_mean, save_invstd, dx, dgamma,
@@ -165,9 +172,70 @@ mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float
     if (st != MDL_OK) return st;
     int avx2 = mdl_use_avx2();
     SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_backward_avx2(n, c, hw, c0, c1, x, gamma, dy,
-                                                       save_mean, save_invstd, dx, dgamma,
-                                                       dbeta, accumulate);
+                                                       save_mean, save_invstd, ms, mt, dx,
+                                                       dgamma, dbeta, accumulate);
                         else mdl_bn_backward_scalar(n, c, hw, c0, c1, x, gamma, dy, save_mean,
-                                                    save_invstd, dx, dgamma, dbeta, accumulate));
+                                                    save_invstd, ms, mt, dx, dgamma, dbeta,
+                                                    accumulate));
+    return MDL_OK;
+}
+
+mdl_status mdl_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                   const float *gamma, const float *dy, const float *save_mean,
+                                   const float *save_invstd, float *dx, float *dgamma,
+                                   float *dbeta, int accumulate)
+{
+    return backward(__func__, n, c, hw, x, gamma, dy, save_mean, save_invstd, NULL, NULL, dx,
+                    dgamma, dbeta, accumulate);
+}
+
+mdl_status mdl_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                        const float *gamma, const float *dy,
+                                        const float *save_mean, const float *save_invstd,
+                                        const float *scale, const float *shift, float *dx,
+                                        float *dgamma, float *dbeta, int accumulate)
+{
+    MDL_CHECK_PTR(scale);
+    MDL_CHECK_PTR(shift);
+    return backward(__func__, n, c, hw, x, gamma, dy, save_mean, save_invstd, scale, shift, dx,
+                    dgamma, dbeta, accumulate);
+}
+
+/* The statistics from float64 sums: the same arithmetic as the training forward's
+ * (mdl_bn_finish_train with the shift K = 0), so that a fused BatchNorm and the
+ * plain one differ only by how the sums were added up. */
+mdl_status mdl_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                const double *channel_sumsq, const float *gamma,
+                                const float *beta, float eps, float momentum,
+                                float *running_mean, float *running_var, float *save_mean,
+                                float *save_invstd, float *scale, float *shift)
+{
+    if (c < 1 || count < 2)
+        return mdl_error(MDL_ERR_ARG, "%s: need c >= 1 channels and count > 1 values per "
+                         "channel, got c = %lld, count = %lld", __func__, (long long)c,
+                         (long long)count);
+    if ((running_mean == NULL) != (running_var == NULL))
+        return mdl_error(MDL_ERR_ARG, "%s: running_mean and running_var must be given together",
+                         __func__);
+    MDL_CHECK_PTR(channel_sum);
+    MDL_CHECK_PTR(channel_sumsq);
+    MDL_CHECK_PTR(gamma);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(save_mean);
+    MDL_CHECK_PTR(save_invstd);
+    MDL_CHECK_PTR(scale);
+    MDL_CHECK_PTR(shift);
+    if (!(eps >= 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+        return mdl_error(MDL_ERR_ARG, "%s: need eps >= 0 and 0 <= momentum <= 1, got eps = %g, "
+                         "momentum = %g", __func__, (double)eps, (double)momentum);
+    for (int64_t ch = 0; ch < c; ch++) {
+        float mf;
+        mdl_bn_finish_train(count, 0.0, channel_sum[ch], channel_sumsq[ch], gamma[ch], beta[ch],
+                            eps, momentum, running_mean ? running_mean + ch : NULL,
+                            running_var ? running_var + ch : NULL, save_mean + ch,
+                            save_invstd + ch, &mf, scale + ch, shift + ch);
+        /* y = (x - mf) * scale + shift  ==  x * scale + (shift - mf * scale) */
+        shift[ch] = (float)((double)shift[ch] - (double)mf * (double)scale[ch]);
+    }
     return MDL_OK;
 }

@@ -80,10 +80,13 @@ void mdl_bn_train_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c
 void mdl_bn_infer_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                          const float *x, const float *gamma, const float *beta,
                          const float *rm, const float *rv, float eps, float *y);
+/* with ms, mt not NULL: the backward of max(BatchNorm(x), 0), dy counting only where
+ * x * ms + mt > 0 */
 void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                             const float *x, const float *gamma, const float *dy,
-                            const float *mean, const float *invstd, float *dx, float *dgamma,
-                            float *dbeta, int accumulate);
+                            const float *mean, const float *invstd, const float *ms,
+                            const float *mt, float *dx, float *dgamma, float *dbeta,
+                            int accumulate);
 
 #if MDL_X86
 void mdl_bn_train_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
@@ -95,8 +98,9 @@ void mdl_bn_infer_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                        const float *rm, const float *rv, float eps, float *y);
 void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                           const float *x, const float *gamma, const float *dy,
-                          const float *mean, const float *invstd, float *dx, float *dgamma,
-                          float *dbeta, int accumulate);
+                          const float *mean, const float *invstd, const float *ms,
+                          const float *mt, float *dx, float *dgamma, float *dbeta,
+                          int accumulate);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_bn_train_avx2 mdl_bn_train_scalar
 #  define mdl_bn_infer_avx2 mdl_bn_infer_scalar

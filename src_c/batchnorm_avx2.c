@@ -338,20 +338,34 @@ void mdl_bn_infer_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                        beta[ch], y);
 }
 
+/* dy where x * s + t > 0, else 0 (the ReLU's mask, recomputed from x), or dy itself
+ * when on is 0 */
+static inline __m256 gate(int on, __m256 g, __m256 x, __m256 s, __m256 t)
+{
+    return on ? _mm256_and_ps(g, _mm256_cmp_ps(_mm256_fmadd_ps(x, s, t), _mm256_setzero_ps(),
+                                               _CMP_GT_OQ))
+              : g;
+}
+
 void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                           const float *x, const float *gamma, const float *dy,
-                          const float *mean, const float *invstd, float *dx, float *dgamma,
-                          float *dbeta, int accumulate)
+                          const float *mean, const float *invstd, const float *ms,
+                          const float *mt, float *dx, float *dgamma, float *dbeta, int accumulate)
 {
     int64_t ch = c0;
+    if (hw == 1 && ms) { /* a masked (n, c) BatchNorm: no fused caller needs it fast */
+        mdl_bn_backward_scalar(n, c, hw, c0, c1, x, gamma, dy, mean, invstd, ms, mt, dx, dgamma,
+                               dbeta, accumulate);
+        return;
+    }
     if (hw == 1) {
         for (; ch + 16 <= c1; ch += 16)
             backward_cols(n, c, ch, 2, x, gamma, dy, mean, invstd, dx, dgamma, dbeta, accumulate);
         for (; ch + 8 <= c1; ch += 8)
             backward_cols(n, c, ch, 1, x, gamma, dy, mean, invstd, dx, dgamma, dbeta, accumulate);
         if (ch < c1)
-            mdl_bn_backward_scalar(n, c, hw, ch, c1, x, gamma, dy, mean, invstd, dx, dgamma,
-                                   dbeta, accumulate);
+            mdl_bn_backward_scalar(n, c, hw, ch, c1, x, gamma, dy, mean, invstd, NULL, NULL, dx,
+                                   dgamma, dbeta, accumulate);
         return;
     }
     const int64_t m = n * hw;
@@ -361,6 +375,8 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
     for (; ch < c1; ch++) {
         const float mu = mean[ch];
         const __m256 vm = _mm256_set1_ps(mu);
+        const int on = ms != NULL;
+        const __m256 vs = _mm256_set1_ps(on ? ms[ch] : 0.0f), vt = _mm256_set1_ps(on ? mt[ch] : 0.0f);
         /* one pass for sum(dy) and sum(dy * (x - mean)): float over short blocks, then
          * double, as in channel_stats */
         __m256d g0 = _mm256_setzero_pd(), g1 = g0, p0 = g0, p1 = g0;
@@ -370,11 +386,13 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             int64_t j = 0;
             for (; j + 16 <= full; j += 16) {
-                __m256 va = _mm256_loadu_ps(g + j), vb = _mm256_loadu_ps(g + j + 8);
+                __m256 xa = _mm256_loadu_ps(p + j), xb = _mm256_loadu_ps(p + j + 8);
+                __m256 va = gate(on, _mm256_loadu_ps(g + j), xa, vs, vt);
+                __m256 vb = gate(on, _mm256_loadu_ps(g + j + 8), xb, vs, vt);
                 fg0 = _mm256_add_ps(fg0, va);
-                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_loadu_ps(p + j), vm), fp0);
+                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(xa, vm), fp0);
                 fg1 = _mm256_add_ps(fg1, vb);
-                fp1 = _mm256_fmadd_ps(vb, _mm256_sub_ps(_mm256_loadu_ps(p + j + 8), vm), fp1);
+                fp1 = _mm256_fmadd_ps(vb, _mm256_sub_ps(xb, vm), fp1);
                 if (++since == FLUSH) {
                     flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
                     flush(&p0, &p1, &fp0), flush(&p0, &p1, &fp1);
@@ -382,15 +400,17 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
                 }
             }
             if (j < full) {
-                __m256 va = _mm256_loadu_ps(g + j);
+                __m256 xa = _mm256_loadu_ps(p + j);
+                __m256 va = gate(on, _mm256_loadu_ps(g + j), xa, vs, vt);
                 fg0 = _mm256_add_ps(fg0, va);
-                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(_mm256_loadu_ps(p + j), vm), fp0);
+                fp0 = _mm256_fmadd_ps(va, _mm256_sub_ps(xa, vm), fp0);
                 j += 8;
             }
             if (j < hw) {
                 /* masked-off lanes: dy = 0, so both products vanish */
-                __m256 vb = _mm256_maskload_ps(g + j, tail);
-                __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm), tailf);
+                __m256 xb = _mm256_maskload_ps(p + j, tail);
+                __m256 vb = gate(on, _mm256_maskload_ps(g + j, tail), xb, vs, vt);
+                __m256 d = _mm256_and_ps(_mm256_sub_ps(xb, vm), tailf);
                 fg1 = _mm256_add_ps(fg1, vb);
                 fp1 = _mm256_fmadd_ps(vb, d, fp1);
             }
@@ -415,15 +435,16 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
             float *q = ROW(dx, i, ch);
             int64_t j = 0;
             for (; j < full; j += 8) {
-                __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + j), vm);
-                _mm256_storeu_ps(q + j, _mm256_fmadd_ps(_mm256_loadu_ps(g + j), va,
-                                                        _mm256_fmadd_ps(d, vb, vc)));
+                __m256 xa = _mm256_loadu_ps(p + j), d = _mm256_sub_ps(xa, vm);
+                _mm256_storeu_ps(q + j, _mm256_fmadd_ps(gate(on, _mm256_loadu_ps(g + j), xa, vs, vt),
+                                                        va, _mm256_fmadd_ps(d, vb, vc)));
             }
             if (j < hw) {
-                __m256 d = _mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm);
+                __m256 xb = _mm256_maskload_ps(p + j, tail), d = _mm256_sub_ps(xb, vm);
                 _mm256_maskstore_ps(q + j, tail,
-                                    _mm256_fmadd_ps(_mm256_maskload_ps(g + j, tail), va,
-                                                    _mm256_fmadd_ps(d, vb, vc)));
+                                    _mm256_fmadd_ps(gate(on, _mm256_maskload_ps(g + j, tail), xb,
+                                                         vs, vt),
+                                                    va, _mm256_fmadd_ps(d, vb, vc)));
             }
         }
     }

@@ -2,6 +2,7 @@
 #ifndef MDL_COMMON_H
 #define MDL_COMMON_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "minidl.h"
@@ -59,5 +60,29 @@ mdl_status mdl_workspace(const char *fn, void *ws, size_t ws_bytes, size_t need,
                          void **owned, float **out);
 void *mdl_alloc(size_t bytes); /* 64-byte aligned, NULL on failure */
 void mdl_free(void *p);
+
+/* An operand's per-channel map (mdl_affine) for channel ch as plain numbers: the
+ * identity for a NULL map or NULL scale and shift */
+typedef struct mdl_affine_ch {
+    float s, t;
+    int relu;
+} mdl_affine_ch;
+
+static inline mdl_affine_ch mdl_affine_at(const mdl_affine *f, int64_t ch)
+{
+    mdl_affine_ch r = {1.0f, 0.0f, 0};
+    if (f) {
+        if (f->scale) r.s = f->scale[ch], r.t = f->shift[ch];
+        r.relu = f->relu != 0;
+    }
+    return r;
+}
+
+/* max(x * s + t, 0) (the max when relu), the ReLU as mdl_relu_forward's: NaN passes */
+static inline float mdl_affine_apply(float x, mdl_affine_ch f)
+{
+    const float v = fmaf(x, f.s, f.t);
+    return f.relu && v < 0.0f ? 0.0f : v;
+}
 
 #endif /* MDL_COMMON_H */

@@ -228,9 +228,12 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
      * pointwise kernel), and a packed B panel; or Winograd's buffers */
     const int in_f = rows_in_place(s, g->ho, g->wo);
     const int in_d = g->direct_data && rows_in_place(&t, s->h, s->w);
-    size_t per_f = max_size((in_f ? phase_floats(s) : FLOATS(g->pointwise ? 0 : g->K * g->P)) +
+    /* and, last, the image read through an input map (mdl_conv2d_forward_fused) for the
+     * paths that read it other than through the phase planes */
+    const size_t img = FLOATS(s->c_in * s->h * s->w);
+    size_t per_f = max_size((in_f ? phase_floats(s) : FLOATS(g->pointwise ? 0 : g->K * g->P) + img) +
                             FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
-                            winograd_thread(s, g->ho, g->wo));
+                            winograd_thread(s, g->ho, g->wo) + img);
     size_t per_d = g->direct_data
                        ? max_size((in_d ? phase_floats(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
                                   FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
@@ -243,7 +246,7 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                         ? DOT_IMAGES(g->P) * phase_floats(s) + TABLE_FLOATS(g->K)
                         : FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
                               FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
-                              FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)));
+                              FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + img);
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
@@ -292,9 +295,10 @@ size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 /* ---- scalar reference ----------------------------------------------------------- */
 
 /* y (n, c_out, ho, wo) = bias[co] + sum over ci, i, j of
- *     x[ci, oh*sh - ph + i, ow*sw - pw + j] * w[co, ci, i, j] */
+ *     in(x)[ci, oh*sh - ph + i, ow*sw - pw + j] * w[co, ci, i, j]
+ * where in(x) is x read through the map in (mdl_affine_apply) */
 static void forward_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
-                           const float *w, const float *bias, float *y)
+                           const mdl_affine *in, const float *w, const float *bias, float *y)
 {
     const int64_t c_in = s->c_in, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
     const int64_t planes = s->n * s->c_out;
@@ -307,16 +311,19 @@ static void forward_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, co
         for (int64_t oh = 0; oh < ho; oh++)
             for (int64_t ow = 0; ow < wo; ow++) {
                 float acc = bias ? bias[co] : 0.0f;
-                for (int64_t ci = 0; ci < c_in; ci++)
+                for (int64_t ci = 0; ci < c_in; ci++) {
+                    const mdl_affine_ch f = mdl_affine_at(in, ci);
                     for (int64_t i = 0; i < kh; i++) {
                         int64_t ih = oh * s->stride_h - s->pad_h + i;
                         if (ih < 0 || ih >= h) continue;
                         for (int64_t j = 0; j < kw; j++) {
                             int64_t iw = ow * s->stride_w - s->pad_w + j;
                             if (iw < 0 || iw >= wd) continue;
-                            acc += xb[(ci * h + ih) * wd + iw] * wc[(ci * kh + i) * kw + j];
+                            acc += mdl_affine_apply(xb[(ci * h + ih) * wd + iw], f) *
+                                   wc[(ci * kh + i) * kw + j];
                         }
                     }
+                }
                 yp[oh * wo + ow] = acc;
             }
     }
@@ -354,9 +361,10 @@ static void backward_data_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t 
     }
 }
 
-/* dw (c_out, c_in, kh, kw) = or += sum over n, oh, ow of x[n, ci, ih, iw] * dy[n, co, oh, ow] */
+/* dw (c_out, c_in, kh, kw) = or += sum over n, oh, ow of in(x)[n, ci, ih, iw] * dy[n, co, oh, ow] */
 static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
-                                    const float *x, const float *dy, float *dw, int accumulate)
+                                    const float *x, const mdl_affine *in, const float *dy,
+                                    float *dw, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
     const int64_t pairs = c_out * c_in;
@@ -364,6 +372,7 @@ static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t pr = 0; pr < pairs; pr++) {
         int64_t co = pr / c_in, ci = pr % c_in;
+        const mdl_affine_ch f = mdl_affine_at(in, ci);
         for (int64_t i = 0; i < kh; i++)
             for (int64_t j = 0; j < kw; j++) {
                 int64_t oh0, oh1, ow0, ow1;
@@ -375,8 +384,9 @@ static void backward_weights_scalar(const mdl_conv2d_shape *s, int64_t ho, int64
                     const float *dyp = dy + (b * c_out + co) * ho * wo;
                     for (int64_t oh = oh0; oh < oh1; oh++)
                         for (int64_t ow = ow0; ow < ow1; ow++)
-                            acc += xp[(oh * s->stride_h - s->pad_h + i) * wd +
-                                      ow * s->stride_w - s->pad_w + j] * dyp[oh * wo + ow];
+                            acc += mdl_affine_apply(xp[(oh * s->stride_h - s->pad_h + i) * wd +
+                                                       ow * s->stride_w - s->pad_w + j], f) *
+                                   dyp[oh * wo + ow];
                 }
                 float *d = dw + (pr * kh + i) * kw + j;
                 *d = accumulate ? *d + acc : acc;
@@ -439,13 +449,30 @@ static void padded_offsets(const mdl_conv2d_shape *s, int64_t *off)
     }
 }
 
-static void phase_image(const mdl_conv2d_shape *s, const float *x, float *xp)
+static void phase_image(const mdl_conv2d_shape *s, const float *x, const mdl_affine *in, float *xp)
 {
 #if MDL_X86
     const phases f = phases_of(s);
-    mdl_conv_phase_image_avx2(s, f.nr, f.nq, f.rows, f.cols, x, xp);
+    mdl_conv_phase_image_avx2(s, f.nr, f.nq, f.rows, f.cols, x, in, xp);
 #else
-    (void)s, (void)x, (void)xp;
+    (void)s, (void)x, (void)in, (void)xp;
+#endif
+}
+
+/* Image b of x as a path other than the phase planes reads it: read through the
+ * map in into tx, the last floats of the thread's share of the workspace (see
+ * geometry), or x's own memory when in is NULL */
+static const float *input_image(const mdl_conv2d_shape *s, const float *x, int64_t b,
+                                const mdl_affine *in, float *thread_end)
+{
+    const int64_t image = s->c_in * s->h * s->w;
+    if (!in) return x + b * image;
+#if MDL_X86
+    float *tx = thread_end - FLOATS(image);
+    mdl_conv_affine_image_avx2(s->c_in, s->h * s->w, x + b * image, in, tx);
+    return tx;
+#else
+    return NULL; /* the fast path runs only on x86 */
 #endif
 }
 
@@ -470,11 +497,11 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
  * depend on the thread count.  Per-image channel sums go to sums (n, 2, c_out)
  * and are added up over the images in order by the caller. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
-                      int wino, const float *pa, const float *bias, int relu, double *sums,
-                      float *y, float *ws, size_t avail, int nt)
+                      const mdl_affine *in, int wino, const float *pa, const float *bias,
+                      int relu, double *sums, float *y, float *ws, size_t avail, int nt)
 {
 #if MDL_X86
-    const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
+    const int64_t c_out = s->c_out, K = g->K, P = g->P;
     const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
     if (nt > s->n) nt = (int)s->n;
     if ((size_t)nt > fit) nt = (int)fit;
@@ -491,8 +518,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
+        float *end = col + g->per_thread / sizeof(float);
         for (int64_t b = s->n * t / nt; b < s->n * (t + 1) / nt; b++) {
-            const float *xb = x + b * image, *src = xb;
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
@@ -500,12 +527,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 for (int64_t c = 0; c < 2 * c_out; c++) ep.row_sum[c] = 0.0;
             }
             const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
-            if (wino) {
-                mdl_winograd_image(s, g->ho, g->wo, pa, xb, e, y + b * c_out * P, col);
-                continue;
-            }
             if (in_place) {
-                phase_image(s, xb, col);
+                phase_image(s, x + b * s->c_in * s->h * s->w, in, col);
                 /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = y + b * c_out * P;
                 const int64_t half = g->wo == 8 ? wp : 8;
@@ -516,15 +539,21 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 }
                 continue;
             }
+            const float *src = input_image(s, x, b, in, end);
+            if (wino) {
+                mdl_winograd_image(s, g->ho, g->wo, pa, src, e, y + b * c_out * P, col);
+                continue;
+            }
             if (!g->pointwise) {
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
                 src = col;
             }
             mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, 0.0f, y + b * c_out * P, P, e, bbuf);
         }
     }
 #else
-    (void)s, (void)g, (void)x, (void)wino, (void)pa, (void)bias, (void)relu, (void)sums, (void)y;
+    (void)s, (void)g, (void)x, (void)in, (void)wino, (void)pa, (void)bias, (void)relu, (void)sums;
+    (void)y;
     (void)ws, (void)avail, (void)nt;
 #endif
 }
@@ -536,8 +565,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
  * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
  * column matrix read transposed as B. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
-                              const float *dy, float *dw, int accumulate, float *ws, size_t avail,
-                              int nt)
+                              const mdl_affine *in, const float *dy, float *dw, int accumulate,
+                              float *ws, size_t avail, int nt)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
@@ -559,7 +588,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
 #endif
         /* this thread's partial dw, then the im2col + GEMM buffers or the padded
          * image and its row offsets */
-        float *part = ws + t * stride, *col = part + FLOATS(c_out * K);
+        float *part = ws + t * stride, *col = part + FLOATS(c_out * K), *end = ws + (t + 1) * stride;
         float *pa = col + col_floats, *bbuf = pa + pa_floats;
         float *xp = col;
         const int64_t group = DOT_IMAGES(P);
@@ -567,18 +596,18 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         if (dot) padded_offsets(s, off);
         const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
         for (int64_t b = b0; b < b1; b++) {
-            const float *xb = x + b * image, *src = xb;
             if (dot) {
                 const int64_t nb = b1 - b < group ? b1 - b : group;
                 for (int64_t q = 0; q < nb; q++)
-                    phase_image(s, xb + q * image, xp + q * phase_floats(s));
+                    phase_image(s, x + (b + q) * image, in, xp + q * phase_floats(s));
                 mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, phase_floats(s),
                                           dy + b * c_out * P, xp, off, b == b0, part);
                 b += nb - 1;
                 continue;
             }
+            const float *src = input_image(s, x, b, in, end);
             if (!g->pointwise) {
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, xb, col, P, 0, K);
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
                 src = col;
             }
             mdl_sgemm_avx2_pack_a(0, c_out, P, 1.0f, dy + b * c_out * P, P, pa);
@@ -596,8 +625,8 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
         }
     }
 #else
-    (void)s, (void)g, (void)x, (void)dy, (void)dw, (void)accumulate, (void)ws, (void)avail;
-    (void)nt;
+    (void)s, (void)g, (void)x, (void)in, (void)dy, (void)dw, (void)accumulate, (void)ws;
+    (void)avail, (void)nt;
 #endif
 }
 
@@ -640,13 +669,23 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
 
 /* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
  * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
+/* an input map's pointers: scale and shift both given or both NULL */
+static mdl_status check_input_map(const char *fn, const mdl_affine *in)
+{
+    if (in && (in->scale == NULL) != (in->shift == NULL))
+        return mdl_error(MDL_ERR_ARG, "%s: in->scale and in->shift must both be given or both "
+                         "be NULL", fn);
+    return MDL_OK;
+}
+
 static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
-                          const float *w, const float *bias, int relu, double *channel_sum,
-                          double *channel_sumsq, float *y, void *workspace,
+                          const mdl_affine *in, const float *w, const float *bias, int relu,
+                          double *channel_sum, double *channel_sumsq, float *y, void *workspace,
                           size_t workspace_bytes)
 {
     conv_geom g;
     mdl_status st = geometry(fn, s, &g);
+    if (st == MDL_OK) st = check_input_map(fn, in);
     if (st != MDL_OK) return st;
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(w);
@@ -658,7 +697,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
-        forward_scalar(s, g.ho, g.wo, x, w, bias, y);
+        forward_scalar(s, g.ho, g.wo, x, in, w, bias, y);
         if (relu || channel_sum || channel_sumsq)
             epilogue_scalar(s, g.P, relu, channel_sum, channel_sumsq, y);
         return MDL_OK;
@@ -668,7 +707,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
     pack_weights(s, &g, wino, w, pa);
-    per_image(s, &g, x, wino, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
+    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
               mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
@@ -678,7 +717,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
 mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                               const float *bias, float *y, void *workspace, size_t workspace_bytes)
 {
-    return forward(__func__, s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
+    return forward(__func__, s, x, NULL, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
 }
 
 mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
@@ -686,7 +725,16 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
                                  double *channel_sumsq, float *y, void *workspace,
                                  size_t workspace_bytes)
 {
-    return forward(__func__, s, x, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+    return forward(__func__, s, x, NULL, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+                   workspace_bytes);
+}
+
+mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                    const mdl_affine *in, const float *w, const float *bias,
+                                    int relu, double *channel_sum, double *channel_sumsq,
+                                    float *y, void *workspace, size_t workspace_bytes)
+{
+    return forward(__func__, s, x, in, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
                    workspace_bytes);
 }
 
@@ -725,7 +773,7 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
         const int wino = use_winograd(&t, s->w);
         pack_weights(&t, &gt, wino, wf, pa);
-        per_image(&t, &gt, dy, wino, pa, NULL, 0, NULL, dx, ws, avail,
+        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
         mdl_free(owned);
         return MDL_OK;
@@ -748,31 +796,48 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
     return st;
 }
 
-/* dw (c_out, c_in, kh, kw) = or += sum over images of dy[b] (c_out, P) @ col[b]^T (P, K) */
-mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,
-                                       float *dw, int accumulate, void *workspace,
-                                       size_t workspace_bytes)
+/* dw (c_out, c_in, kh, kw) = or += sum over images of dy[b] (c_out, P) @ col[b]^T (P, K),
+ * col[b] the column matrix of image b read through the map in */
+static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, const float *x,
+                                   const mdl_affine *in, const float *dy, float *dw,
+                                   int accumulate, void *workspace, size_t workspace_bytes)
 {
     conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
+    mdl_status st = geometry(fn, s, &g);
+    if (st == MDL_OK) st = check_input_map(fn, in);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(dw);
+    MDL_CHECK_PTR_FN(fn, x);
+    MDL_CHECK_PTR_FN(fn, dy);
+    MDL_CHECK_PTR_FN(fn, dw);
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
     size_t avail;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
+    st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
-        backward_weights_scalar(s, g.ho, g.wo, x, dy, dw, accumulate != 0);
+        backward_weights_scalar(s, g.ho, g.wo, x, in, dy, dw, accumulate != 0);
         return MDL_OK;
     }
-    weights_per_image(s, &g, x, dy, dw, accumulate, ws, avail,
+    weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail,
                       mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     mdl_free(owned);
     return MDL_OK;
+}
+
+mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,
+                                       float *dw, int accumulate, void *workspace,
+                                       size_t workspace_bytes)
+{
+    return backward_weights(__func__, s, x, NULL, dy, dw, accumulate, workspace, workspace_bytes);
+}
+
+mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
+                                             const mdl_affine *in, const float *dy, float *dw,
+                                             int accumulate, void *workspace,
+                                             size_t workspace_bytes)
+{
+    return backward_weights(__func__, s, x, in, dy, dw, accumulate, workspace, workspace_bytes);
 }
 
 /* db (c_out) = or += sum of dy (n, c_out, ho, wo) over n, ho, wo */

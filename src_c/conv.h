@@ -38,9 +38,13 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
                           int64_t ld, float *dx, int64_t c0, int64_t c1);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
 /* One image's phase planes xp (c_in, nr, nq, rows, cols): plane (r, q) holds the
- * pixels (stride_h * y + r, stride_w * x + q) of x (c_in, h, w) padded with zeros */
+ * pixels (stride_h * y + r, stride_w * x + q) of x (c_in, h, w) padded with zeros, x read
+ * through the map in (NULL: as it is; the padding stays zero) */
 void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
-                               int64_t cols, const float *x, float *xp);
+                               int64_t cols, const float *x, const mdl_affine *in, float *xp);
+/* tx (c, hw) = x (c, hw) read through the map in, per channel */
+void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
+                                float *tx);
 
 /* The weight gradient of a few images with rows a multiple of 8 wide,
  * as dot products along the pixels, both operands read in place: part (c_out, K) =

@@ -75,8 +75,32 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 
 #define PHASE_LINE 1024 /* floats: rows up to this wide (padded) take the vector path */
 
+/* d[0, w) = src[0, w) read through channel ch's map of f (a copy when f is NULL) */
+static void affine_row(float *d, const float *src, int64_t w, const mdl_affine *f, int64_t ch)
+{
+    if (!f) {
+        memcpy(d, src, (size_t)w * sizeof(float));
+        return;
+    }
+    const mdl_affine_ch g = mdl_affine_at(f, ch);
+    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= w; j += 8) {
+        __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(src + j), s, t);
+        if (g.relu) v = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
+        _mm256_storeu_ps(d + j, v);
+    }
+    for (; j < w; j++) d[j] = mdl_affine_apply(src[j], g);
+}
+
+void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
+                                float *tx)
+{
+    for (int64_t ch = 0; ch < c; ch++) affine_row(tx + ch * hw, x + ch * hw, hw, in, ch);
+}
+
 void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
-                               int64_t cols, const float *x, float *xp)
+                               int64_t cols, const float *x, const mdl_affine *in, float *xp)
 {
     const int64_t sh = s->stride_h, sw = s->stride_w, plane = rows * cols;
     /* stride 1: the rows copied into place; stride 2: each input row once into a zero-padded
@@ -95,12 +119,12 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                 if (ih < 0 || ih >= s->h) continue;
                 const float *src = x + (ci * s->h + ih) * s->w;
                 if (sw == 1) { /* the padded row */
-                    memcpy(d + s->pad_w, src, (size_t)s->w * sizeof(float));
+                    affine_row(d + s->pad_w, src, s->w, in, ci);
                     continue;
                 }
                 if (line_path) {
                     /* line[p] = padded column p; only [pad_w, pad_w + w) is ever non-zero */
-                    memcpy(line + s->pad_w, src, (size_t)s->w * sizeof(float));
+                    affine_row(line + s->pad_w, src, s->w, in, ci);
                     for (int64_t q = 0; q < nq; q++) {
                         for (int64_t c = 0; c < vcols; c += 8)
                             _mm256_storeu_ps(out + c, mdl_even_lanes(
@@ -110,10 +134,11 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                     }
                     continue;
                 }
+                const mdl_affine_ch g = mdl_affine_at(in, ci);
                 for (int64_t q = 0; q < nq; q++)
                     for (int64_t c = 0; c < cols; c++) {
                         const int64_t iw = sw * c + q - s->pad_w;
-                        d[q * plane + c] = iw >= 0 && iw < s->w ? src[iw] : 0.0f;
+                        d[q * plane + c] = iw >= 0 && iw < s->w ? mdl_affine_apply(src[iw], g) : 0.0f;
                     }
             }
 }

@@ -1,5 +1,6 @@
-/* act.cu -- elementwise ops: ReLU, add, dropout (as src_c/act.c).  All
- * overwrite their output; grid-stride loops over int64 counts.  Dropout uses
+/* act.cu -- elementwise ops: ReLU, add, the per-channel affine add, dropout (as
+ * src_c/act.c).  All overwrite their output; grid-stride loops over int64 counts
+ * (32-bit indices for the affine add where they fit).  Dropout uses
  * the CPU's counter-based hash of (seed, i), so its mask and output are bit
  * for bit those of mdl_dropout_forward. */
 #include "common.cuh"
@@ -50,6 +51,22 @@ __global__ void add_kernel(int64_t count, const float *a, const float *b, float 
     GRID_STRIDE(i, count) y[i] = a[i] + b[i];
 }
 
+/* y (n, c, hw) = act(fa(a) + fb(b)), b NULL: act(fa(a)); total = n*c*hw.  I is the index
+ * type: 32 bits when total < 2^31 (i + the grid's stride cannot wrap), for a cheaper
+ * channel division. */
+template <class I>
+__global__ void affine_add_kernel(I total, I c, I hw, const float *a, mdl_affine_arg fa,
+                                  const float *b, mdl_affine_arg fb, int relu, float *y)
+{
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < total;
+         i += (I)gridDim.x * blockDim.x) {
+        const I ch = i / hw % c;
+        float v = fa(a[i], ch);
+        if (b) v += fb(b[i], ch);
+        y[i] = relu && v < 0.0f ? 0.0f : v; /* NaN passes, as in relu_fwd */
+    }
+}
+
 /* y[count] = keep(seed, i) ? x * scale : 0 */
 __global__ void dropout_kernel(int64_t count, uint32_t threshold, float scale, uint64_t seed,
                                const float *x, float *y)
@@ -90,6 +107,31 @@ mdl_status mdl_cuda_add(int64_t count, const float *a, const float *b, float *y,
     MDL_CHECK_PTR(b);
     MDL_CHECK_PTR(y);
     add_kernel<<<mdl_ew_blocks(count), MDL_EW_THREADS, 0, stream>>>(count, a, b, y);
+    return mdl_cuda_launched(__func__);
+}
+
+mdl_status mdl_cuda_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
+                               const mdl_affine *fa, const float *b, const mdl_affine *fb,
+                               int relu, float *y, mdl_cuda_stream stream)
+{
+    MDL_CHECK(n >= 0 && c >= 1 && hw >= 0, "%s: need n >= 0, c >= 1, hw >= 0, got n = %lld, "
+              "c = %lld, hw = %lld", __func__, (long long)n, (long long)c, (long long)hw);
+    MDL_CHECK_AFFINE(__func__, fa, "fa");
+    MDL_CHECK_AFFINE(__func__, fb, "fb");
+    if (n == 0 || hw == 0) return MDL_OK;
+    MDL_CHECK_PTR(a);
+    MDL_CHECK_PTR(y);
+    MDL_CHECK(n <= INT64_MAX / c / hw, "%s: n * c * hw overflows int64 (n = %lld, c = %lld, "
+              "hw = %lld)", __func__, (long long)n, (long long)c, (long long)hw);
+    const int64_t total = n * c * hw;
+    const mdl_affine_arg ma = mdl_affine_of(fa), mb = mdl_affine_of(fb);
+    const unsigned blocks = mdl_ew_blocks(total);
+    if (total < ((int64_t)1 << 31))
+        affine_add_kernel<uint32_t><<<blocks, MDL_EW_THREADS, 0, stream>>>(
+            (uint32_t)total, (uint32_t)c, (uint32_t)hw, a, ma, b, mb, relu != 0, y);
+    else
+        affine_add_kernel<int64_t><<<blocks, MDL_EW_THREADS, 0, stream>>>(
+            total, c, hw, a, ma, b, mb, relu != 0, y);
     return mdl_cuda_launched(__func__);
 }
 

@@ -7,7 +7,12 @@
  * (src_c/batchnorm.h), and the block then writes y or dx.  The training sums are
  * shifted by the channel's first value K (d = x - K), so one pass gives
  *     mean = K + sum(d) / m,   var = sum(d^2) / m - (sum(d) / m)^2.
- * Inference is elementwise. */
+ * Inference is elementwise.
+ *
+ * The fused path: batch_norm_stats turns float64 channel sums (of a fused
+ * convolution) into the statistics and the map scale, shift, one thread per
+ * channel; batch_norm_relu_backward is the backward with dy masked by
+ * x * scale + shift > 0 (the ReLU after the BatchNorm) wherever it is read. */
 #include <math.h>
 #include "common.cuh"
 #include "../src_c/checks.h"
@@ -123,19 +128,49 @@ __global__ void bn_infer(int64_t n, int64_t c, int64_t hw, const float *x, const
     }
 }
 
-/* channel blockIdx.x of x, dy, dx (n, c, hw): sums, dgamma/dbeta (= or +=), then dx */
+/* the statistics of mdl_batch_norm_stats from sum and sumsq over count, a thread per
+ * channel (grid-stride over c): finish_train with the shift K = 0, as src_c does, then
+ * the map x * scale + shift of y = (x - mean_f) * scale + shift_train */
+__global__ void bn_stats(int64_t c, int64_t count, const double *sum, const double *sumsq,
+                         const float *gamma, const float *beta, float eps, float momentum,
+                         float *rm, float *rv, float *save_mean, float *save_invstd,
+                         float *scale, float *shift)
+{
+    for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < c;
+         ch += (int64_t)gridDim.x * blockDim.x) {
+        float mf, s, t;
+        finish_train(count, 0.0, sum[ch], sumsq[ch], gamma[ch], beta[ch], eps, momentum,
+                     rm ? rm + ch : NULL, rv ? rv + ch : NULL, save_mean + ch, save_invstd + ch,
+                     &mf, &s, &t);
+        scale[ch] = s;
+        shift[ch] = (float)((double)t - (double)mf * (double)s);
+    }
+}
+
+/* channel blockIdx.x of x, dy, dx (n, c, hw): sums, dgamma/dbeta (= or +=), then dx.
+ * RELU: dy counts only where fmaf(x, mscale[ch], mshift[ch]) > 0. */
+template <bool RELU>
 __global__ void __launch_bounds__(BN_THREADS)
 bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma,
-            const float *dy, const float *mean, const float *invstd, float *dx, float *dgamma,
-            float *dbeta, int accumulate)
+            const float *dy, const float *mean, const float *invstd, const float *mscale,
+            const float *mshift, float *dx, float *dgamma, float *dbeta, int accumulate)
 {
     __shared__ double scratch[32];
     __shared__ float coef[3];
     const int64_t ch = blockIdx.x;
     const float mu = mean[ch];
+    float ms = 0.0f, mt = 0.0f;
+    if constexpr (RELU) {
+        ms = mscale[ch];
+        mt = mshift[ch];
+    }
+    auto grad = [&](int64_t o) {
+        if constexpr (RELU) return fmaf(x[o], ms, mt) > 0.0f ? dy[o] : 0.0f;
+        else return dy[o];
+    };
     double sdy = 0.0, sdyd = 0.0;
     for_channel(n, c, hw, ch, [&](int64_t o) {
-        const float g = dy[o];
+        const float g = grad(o);
         sdy += g;
         sdyd += (double)g * (double)(x[o] - mu);
     });
@@ -151,7 +186,7 @@ bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma
     }
     __syncthreads();
     const float a = coef[0], b = coef[1], c0 = coef[2];
-    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = dy[o] * a + (x[o] - mu) * b + c0; });
+    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = grad(o) * a + (x[o] - mu) * b + c0; });
 }
 
 } /* namespace */
@@ -215,8 +250,58 @@ mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const 
     st = mdl_bn_check_backward_args(fn, x, gamma, dy, save_mean, save_invstd, dx, dgamma,
                                     dbeta);
     if (st != MDL_OK) return st;
-    bn_backward<<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
-                                                        save_invstd, dx, dgamma, dbeta,
-                                                        accumulate);
+    bn_backward<false><<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
+                                                               save_invstd, NULL, NULL, dx,
+                                                               dgamma, dbeta, accumulate);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_batch_norm_stats(int64_t c, int64_t count, const double *channel_sum,
+                                     const double *channel_sumsq, const float *gamma,
+                                     const float *beta, float eps, float momentum,
+                                     float *running_mean, float *running_var, float *save_mean,
+                                     float *save_invstd, float *scale, float *shift,
+                                     mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_stats";
+    MDL_CHECK(c >= 1 && count >= 2, "%s: need c >= 1 channels and count > 1 values per "
+              "channel, got c = %lld, count = %lld", fn, (long long)c, (long long)count);
+    MDL_CHECK((running_mean == NULL) == (running_var == NULL),
+              "%s: running_mean and running_var must be given together", fn);
+    MDL_CHECK_PTR_FN(fn, channel_sum);
+    MDL_CHECK_PTR_FN(fn, channel_sumsq);
+    MDL_CHECK_PTR_FN(fn, gamma);
+    MDL_CHECK_PTR_FN(fn, beta);
+    MDL_CHECK_PTR_FN(fn, save_mean);
+    MDL_CHECK_PTR_FN(fn, save_invstd);
+    MDL_CHECK_PTR_FN(fn, scale);
+    MDL_CHECK_PTR_FN(fn, shift);
+    MDL_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f, "%s: need eps >= 0 and "
+              "0 <= momentum <= 1, got eps = %g, momentum = %g", fn, (double)eps,
+              (double)momentum);
+    bn_stats<<<mdl_ew_blocks(c), MDL_EW_THREADS, 0, stream>>>(
+        c, count, channel_sum, channel_sumsq, gamma, beta, eps, momentum, running_mean,
+        running_var, save_mean, save_invstd, scale, shift);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const float *x,
+                                             const float *gamma, const float *dy,
+                                             const float *save_mean, const float *save_invstd,
+                                             const float *scale, const float *shift, float *dx,
+                                             float *dgamma, float *dbeta, int accumulate,
+                                             mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_relu_backward";
+    MDL_CHECK_PTR_FN(fn, scale);
+    MDL_CHECK_PTR_FN(fn, shift);
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    st = mdl_bn_check_backward_args(fn, x, gamma, dy, save_mean, save_invstd, dx, dgamma,
+                                    dbeta);
+    if (st != MDL_OK) return st;
+    bn_backward<true><<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
+                                                              save_invstd, scale, shift, dx,
+                                                              dgamma, dbeta, accumulate);
     return mdl_cuda_launched(fn);
 }

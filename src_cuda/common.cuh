@@ -35,6 +35,37 @@ static inline unsigned mdl_ew_blocks(int64_t count)
     return (unsigned)(b < 8192 ? (b < 1 ? 1 : b) : 8192);
 }
 
+/* ---- the per-channel affine maps of mdl_affine ------------------------------------ */
+
+/* An mdl_affine (a host struct) as a kernel argument, by value: x -> max(x * scale[ch] +
+ * shift[ch], 0), the multiply-add one fmaf, the max only with relu (NaN passes, as in
+ * mdl_relu_forward and src_c's mdl_affine_apply), scale NULL (shift NULL too): x itself. */
+struct mdl_affine_arg {
+    const float *scale, *shift;
+    int relu;
+
+    __device__ __forceinline__ float operator()(float v, int64_t ch) const
+    {
+        if (scale) v = fmaf(v, scale[ch], shift[ch]);
+        return relu && v < 0.0f ? 0.0f : v;
+    }
+};
+
+/* The kernel argument of `a` (NULL: the identity). */
+static inline mdl_affine_arg mdl_affine_of(const mdl_affine *a)
+{
+    mdl_affine_arg r = {NULL, NULL, 0};
+    if (a) r = {a->scale, a->shift, a->relu != 0};
+    return r;
+}
+
+/* scale and shift of `a` (if not NULL) both given or both NULL; `name` names it (the
+ * message of src_c's checks). */
+#define MDL_CHECK_AFFINE(fn, a, name)                                                       \
+    MDL_CHECK((a) == NULL || ((a)->scale == NULL) == ((a)->shift == NULL),                  \
+              "%s: %s->scale and %s->shift must both be given or both be NULL", fn, name,    \
+              name)
+
 /* ---- deterministic reductions: a fixed tree, the same on every run -------------- */
 
 template <class T>

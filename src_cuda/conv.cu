@@ -9,8 +9,12 @@
  *   backward_weights  dw (c_out, K)      = dy (c_out, n*P) @ col^T (n*P, K), split over n*P
  *                     into slices whose partial sums the workspace holds, added in order
  *   backward_bias     db (c_out)         = sum of dy over n and P, a block per channel
+ * The fused forward and weight gradient read x through a per-channel affine map and
+ * ReLU (mdl_affine), applied in the gather of col to real pixels only (the padding
+ * stays 0); a template flag keeps it out of the plain kernels.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1).
  * Argument checks as in src_c/conv.c (the shape check is shared: src_c/checks.h). */
+#include <type_traits>
 #include "gemm.cuh"
 #include "../src_c/checks.h"
 
@@ -50,7 +54,15 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 
 /* ---- the three GEMM problems (see gemm.cuh for the interface) ---------------------- */
 
-/* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow) */
+/* The input map of a FUSED problem; the plain ones hold an empty placeholder instead, last,
+ * so that their kernel parameters keep the layout (and the code) they have without it. */
+struct no_affine {};
+template <bool FUSED>
+using input_map = std::conditional_t<FUSED, mdl_affine_arg, no_affine>;
+
+/* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow);
+ * FUSED: col gathers in(x) */
+template <bool FUSED>
 struct ConvForward {
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
     int M, N, K, kchunk;
@@ -58,6 +70,7 @@ struct ConvForward {
     const float *x, *w, *bias;
     float *y;
     int relu;
+    input_map<FUSED> in;
 
     __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
     __device__ float b(int k, int j) const
@@ -66,7 +79,9 @@ struct ConvForward {
         const int khw = g.kh * g.kw, ci = k / khw, rs = k - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
         const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
         if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
-        return x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+        const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+        if constexpr (FUSED) return in(v, ci);
+        else return v;
     }
     __device__ void store(int i, int j, float acc, int) const
     {
@@ -109,7 +124,9 @@ struct ConvBackwardData {
 };
 
 /* dw (c_out, K) = dy (c_out, n*P) @ col^T (n*P, K): i = co, k = (img, oh, ow), j = (ci, r, s).
- * With part != NULL, slice z writes its partial sums to part[z] (c_out, K). */
+ * With part != NULL, slice z writes its partial sums to part[z] (c_out, K).  FUSED: col
+ * gathers in(x). */
+template <bool FUSED>
 struct ConvBackwardWeights {
     static constexpr bool A_K_FAST = true, B_K_FAST = true;
     int M, N, K, kchunk;
@@ -117,6 +134,7 @@ struct ConvBackwardWeights {
     const float *x, *dy;
     float *dw, *part;
     int accumulate;
+    input_map<FUSED> in;
 
     __device__ float a(int i, int k) const
     {
@@ -129,7 +147,9 @@ struct ConvBackwardWeights {
         const int khw = g.kh * g.kw, ci = j / khw, rs = j - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
         const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
         if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
-        return x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+        const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
+        if constexpr (FUSED) return in(v, ci);
+        else return v;
     }
     __device__ void store(int i, int j, float acc, int z) const
     {
@@ -227,20 +247,28 @@ static mdl_status check_workspace(const char *fn, const conv_geom &g, const void
     return MDL_OK;
 }
 
+/* in: the map x is read through (NULL: x as it is) */
 static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
-                          const float *w, const float *bias, int relu, double *channel_sum,
-                          double *channel_sumsq, float *y, void *workspace,
+                          const mdl_affine *in, const float *w, const float *bias, int relu,
+                          double *channel_sum, double *channel_sumsq, float *y, void *workspace,
                           size_t workspace_bytes, mdl_cuda_stream stream)
 {
     conv_geom g;
     mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
+    MDL_CHECK_AFFINE(fn, in, "in");
+    MDL_CHECK_PTR(x); /* the messages name "forward", as src_c/conv.c's do */
     MDL_CHECK_PTR(w);
     MDL_CHECK_PTR(y);
     if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
-    ConvForward p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0};
-    mdl::gemm_launch(p, 1, stream);
+    if (in && (in->scale || in->relu)) { /* otherwise the identity: the plain kernel */
+        ConvForward<true> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0,
+                               mdl_affine_of(in)};
+        mdl::gemm_launch(p, 1, stream);
+    } else {
+        ConvForward<false> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0, {}};
+        mdl::gemm_launch(p, 1, stream);
+    }
     if ((channel_sum || channel_sumsq) && g.c_out > 0)
         conv_channel_sums<<<(unsigned)g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, y,
                                                                  channel_sum, channel_sumsq);
@@ -251,7 +279,8 @@ mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x, co
                                    const float *bias, float *y, void *workspace,
                                    size_t workspace_bytes, mdl_cuda_stream stream)
 {
-    return forward(__func__, s, x, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes, stream);
+    return forward(__func__, s, x, NULL, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes,
+                   stream);
 }
 
 mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
@@ -259,7 +288,17 @@ mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
                                       double *channel_sumsq, float *y, void *workspace,
                                       size_t workspace_bytes, mdl_cuda_stream stream)
 {
-    return forward(__func__, s, x, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+    return forward(__func__, s, x, NULL, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
+                   workspace_bytes, stream);
+}
+
+mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
+                                         const mdl_affine *in, const float *w, const float *bias,
+                                         int relu, double *channel_sum, double *channel_sumsq,
+                                         float *y, void *workspace, size_t workspace_bytes,
+                                         mdl_cuda_stream stream)
+{
+    return forward(__func__, s, x, in, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
                    workspace_bytes, stream);
 }
 
@@ -280,18 +319,20 @@ mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float 
     return mdl_cuda_launched(__func__);
 }
 
-mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
-                                            const float *dy, float *dw, int accumulate,
-                                            void *workspace, size_t workspace_bytes,
-                                            mdl_cuda_stream stream)
+/* in: the map x is read through (NULL: x as it is) */
+static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, const float *x,
+                                   const mdl_affine *in, const float *dy, float *dw,
+                                   int accumulate, void *workspace, size_t workspace_bytes,
+                                   mdl_cuda_stream stream)
 {
     conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
+    mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(dw);
-    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, in, "in");
+    MDL_CHECK_PTR_FN(fn, x);
+    MDL_CHECK_PTR_FN(fn, dy);
+    MDL_CHECK_PTR_FN(fn, dw);
+    if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
     int splits, kchunk;
     const int kr = g.n * g.P;
     weights_workspace(g, &splits, &kchunk);
@@ -299,15 +340,40 @@ mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const flo
         splits = 1;
         kchunk = kr;
     }
-    ConvBackwardWeights p = {g.c_out, g.K, kr, kchunk, g, x, dy, dw,
-                             splits > 1 ? (float *)workspace : NULL, accumulate != 0};
-    mdl::gemm_launch(p, splits, stream);
+    float *part = splits > 1 ? (float *)workspace : NULL;
+    if (in && (in->scale || in->relu)) {
+        ConvBackwardWeights<true> p = {g.c_out, g.K, kr, kchunk, g, x, dy, dw, part,
+                                       accumulate != 0, mdl_affine_of(in)};
+        mdl::gemm_launch(p, splits, stream);
+    } else {
+        ConvBackwardWeights<false> p = {g.c_out, g.K, kr, kchunk, g, x, dy, dw, part,
+                                        accumulate != 0, {}};
+        mdl::gemm_launch(p, splits, stream);
+    }
     if (splits > 1) {
         const int64_t count = (int64_t)g.c_out * g.K;
         conv_splitk_reduce<<<mdl_ew_blocks(count), MDL_EW_THREADS, 0, stream>>>(
             count, splits, (const float *)workspace, dw, accumulate != 0);
     }
-    return mdl_cuda_launched(__func__);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
+                                            const float *dy, float *dw, int accumulate,
+                                            void *workspace, size_t workspace_bytes,
+                                            mdl_cuda_stream stream)
+{
+    return backward_weights(__func__, s, x, NULL, dy, dw, accumulate, workspace, workspace_bytes,
+                            stream);
+}
+
+mdl_status mdl_cuda_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
+                                                  const mdl_affine *in, const float *dy,
+                                                  float *dw, int accumulate, void *workspace,
+                                                  size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    return backward_weights(__func__, s, x, in, dy, dw, accumulate, workspace, workspace_bytes,
+                            stream);
 }
 
 mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,

@@ -84,6 +84,7 @@ def test_device_count():
 # ---- bad arguments: _C and _cuda raise the same exception with the same message ---------
 
 f32 = np.zeros(64, np.float32)
+f64 = np.zeros(64, np.float64)
 labels = np.zeros(4, np.int64)
 ADDR = 4096  # a fake device address: each call below fails its checks before using it
 
@@ -111,6 +112,18 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
      (ADDR, ADDR, 0, 0.1, 0.9, 0.1, 0.0, True, False, 64)),
     ("adam_step", (f32, f32, f32, f32, 0, 1e-3, 0.9, 0.999, 1e-8, 0.0, False),
      (ADDR, ADDR, ADDR, ADDR, 0, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, 64)),
+    ("conv2d_forward_fused",  # a map with a scale and no shift
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, f32, None, True, f32, None, False, None, None, f32),
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, ADDR, 0, True, ADDR, 0, False, 0, 0, ADDR)),
+    ("conv2d_backward_weights_fused",
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, None, f32, True, f32, f32, False),
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, 0, ADDR, True, ADDR, ADDR, False)),
+    ("affine_add", (1, 0, 3, f32, None, None, False, None, None, None, False, False, f32),
+     (1, 0, 3, ADDR, 0, 0, False, 0, 0, 0, False, False, ADDR)),
+    ("batch_norm_stats", (4, 1, f64, f64, f32, f32, 1e-5, 0.1, None, None, f32, f32, f32, f32),
+     (4, 1, ADDR, ADDR, ADDR, ADDR, 1e-5, 0.1, 0, 0, ADDR, ADDR, ADDR, ADDR)),
+    ("batch_norm_relu_backward", (2, 3, 4, f32, f32, f32, f32, f32, None, f32, f32, f32, f32),
+     (2, 3, 4, ADDR, ADDR, ADDR, ADDR, ADDR, 0, ADDR, ADDR, ADDR, ADDR)),
 ]
 
 

@@ -55,3 +55,32 @@ def test_the_loss_comes_back_as_a_float():
     a = _array(dev, 8, (2, 3))
     loss = dev._launch("softmax_cross_entropy", softmax_cross_entropy, (2, 3, a, a, a))
     assert loss == 2.5 and seen == {"loss": 9000}
+
+
+def test_a_fused_conv_passes_its_input_map_and_none_is_null():
+    dev, seen = _device(), {}
+
+    def conv2d_forward_fused(shape, x, in_scale, in_shift, in_relu, w, bias, relu, channel_sum,
+                             channel_sumsq, y, ws=0, ws_bytes=0, stream=0):
+        seen.update(in_scale=in_scale, in_shift=in_shift, in_relu=in_relu, bias=bias, relu=relu,
+                    channel_sum=channel_sum, channel_sumsq=channel_sumsq, ws=ws, ws_bytes=ws_bytes)
+    a = _array(dev, 8, (4,))
+    dev._launch("conv2d_forward_fused", conv2d_forward_fused,
+                ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), a, _array(dev, 16, (1,)),
+                 _array(dev, 24, (1,)), True, a, None, False, None, _array(dev, 32, (1,)), a))
+    assert seen == {"in_scale": 16, "in_shift": 24, "in_relu": True, "bias": 0, "relu": False,
+                    "channel_sum": 0, "channel_sumsq": 32, "ws": 0, "ws_bytes": 0}
+
+
+def test_batch_norm_stats_keeps_its_count():
+    """count is one of _C's parameters here, not an element count to fill in."""
+    dev, seen = _device(), {}
+
+    def batch_norm_stats(c, count, channel_sum, channel_sumsq, gamma, beta, eps, momentum,
+                         running_mean, running_var, save_mean, save_invstd, scale, shift,
+                         stream=0):
+        seen.update(c=c, count=count, running_mean=running_mean)
+    a = _array(dev, 8, (4,))
+    dev._launch("batch_norm_stats", batch_norm_stats,
+                (4, 50, a, a, a, a, 1e-5, 0.1, None, None, a, a, a, a))
+    assert seen == {"c": 4, "count": 50, "running_mean": 0}

@@ -30,6 +30,7 @@ TOL = {
     "batch_norm": 5e-5,    # statistics, then normalisation and its backward
     "loss": 1e-5,
     "optim": 1e-5,
+    "chain": 1e-4,         # a convolution, BatchNorm statistics, then a second convolution
 }
 
 
@@ -404,6 +405,227 @@ def test_batch_norm(gpu, rng, n, c, hw, offset):
         check(gpu.down(pdx, x.shape), dx, "batch_norm", "dx")
         check(gpu.down(pdg, c), dgamma + (g0 if accumulate else 0), "batch_norm", "dgamma")
         check(gpu.down(pdb, c), dbeta + (b0 if accumulate else 0), "batch_norm", "dbeta")
+
+
+# ---- fused kernels: a BatchNorm's map (and the ReLU after it) applied as operands are read ---
+
+# (n, c_in, h, w, c_out, kh, kw, stride, padding)
+FUSED_CONV_SHAPES = [
+    (2, 3, 7, 5, 4, 3, 3, 1, 1),
+    (3, 5, 9, 9, 7, 3, 3, 2, 1),           # stride 2, padding 1
+    (1, 16, 8, 8, 33, 1, 1, 1, 0),         # 1x1
+    (2, 6, 10, 10, 20, 3, 2, (2, 1), (0, 1)),
+    (64, 16, 16, 16, 16, 3, 3, 1, 1),      # long n*h*w: split-K weight gradient
+    (16, 8, 32, 32, 256, 3, 3, 1, 1),      # 128 x 128 tiles
+]
+
+# How an operand is read: as it is (a NULL map), through scale and shift, that and a ReLU,
+# or a ReLU alone (scale and shift NULL).
+MAPS = ["none", "affine", "affine+relu", "relu"]
+
+
+def affine_map(rng, kind, c):
+    """(scale, shift, relu) for an operand of c channels read the `kind` way (None: NULL)."""
+    if kind in ("none", "relu"):
+        return None, None, kind == "relu"
+    scale = (rng.uniform(0.5, 2.0, c) * rng.choice([-1.0, 1.0], c)).astype(np.float32)
+    return scale, f32(rng, c), kind == "affine+relu"
+
+
+def mapped(a, scale, shift, relu):
+    """a (n, c, ...) read through the map, in float64."""
+    v = a.astype(np.float64)
+    if scale is not None:
+        bc = (1, -1) + (1,) * (a.ndim - 2)
+        v = v * scale.reshape(bc) + shift.reshape(bc)
+    return np.maximum(v, 0.0) if relu else v
+
+
+def dev(gpu, a):
+    """a copied to the device, or 0 (NULL) for None."""
+    return 0 if a is None else gpu.up(a)
+
+
+@pytest.mark.parametrize("case", FUSED_CONV_SHAPES)
+@pytest.mark.parametrize("kind", MAPS)
+@pytest.mark.parametrize("relu", [False, True])
+def test_conv2d_forward_fused(gpu, rng, case, kind, relu):
+    """Against _C's fused forward, and against the plain forward of the input mapped
+    beforehand: the map applies to real pixels only (the shift is large, so a mapped
+    padding would show at the borders)."""
+    shape, (ho, wo), x, wt, bias, _, _ = conv_case(rng, *case)
+    n, c_in, c_out = x.shape[0], x.shape[1], wt.shape[0]
+    scale, shift, in_relu = affine_map(rng, kind, c_in)
+    if shift is not None:
+        shift += np.float32(3.0)
+    b = bias if relu else None
+    want = np.empty((n, c_out, ho, wo), np.float32)
+    want_s, want_q = np.empty(c_out), np.empty(c_out)
+    _C.conv2d_forward_fused(shape, x.ravel(), scale, shift, in_relu, wt.ravel(), b, relu,
+                            want_s, want_q, want.ravel())
+    py, ps, pq = gpu.empty(want.shape), gpu.empty(c_out, np.float64), gpu.empty(c_out, np.float64)
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))  # the plain convolution's size
+    run(cuda.conv2d_forward_fused, shape, gpu.up(x), dev(gpu, scale), dev(gpu, shift), in_relu,
+        gpu.up(wt), dev(gpu, b), relu, ps, pq, py, ws, ws_bytes)
+    got = gpu.down(py, want.shape)
+    check(got, want, "conv", "y")
+    mag = np.sqrt(want.size / c_out) * max(np.abs(want).max(), 1.0)
+    assert np.allclose(gpu.down(ps, c_out, np.float64), want_s, rtol=1e-5, atol=1e-5 * mag)
+    assert np.allclose(gpu.down(pq, c_out, np.float64), want_q, rtol=1e-5, atol=1e-5 * mag ** 2)
+
+    pz = gpu.empty(want.shape)
+    xm = mapped(x, scale, shift, in_relu).astype(np.float32)
+    run(cuda.conv2d_forward_ex, shape, gpu.up(xm), gpu.up(wt), dev(gpu, b), relu, 0, 0, pz)
+    check(got, gpu.down(pz, want.shape), "conv", "y against the input mapped first")
+
+
+@pytest.mark.parametrize("case", FUSED_CONV_SHAPES)
+@pytest.mark.parametrize("kind", MAPS)
+def test_conv2d_backward_weights_fused(gpu, rng, case, kind):
+    """= and +=, with the workspace (split-K where the shape splits) and without, against
+    _C and against the plain weight gradient of the input mapped beforehand."""
+    shape, _, x, wt, _, dy, _ = conv_case(rng, *case)
+    scale, shift, in_relu = affine_map(rng, kind, x.shape[1])
+    if shift is not None:
+        shift += np.float32(3.0)
+    px, pdy, psc, psh = gpu.up(x), gpu.up(dy), dev(gpu, scale), dev(gpu, shift)
+    pxm = gpu.up(mapped(x, scale, shift, in_relu).astype(np.float32))
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
+    start = f32(rng, *wt.shape)
+    for accumulate in (False, True):
+        want = start.copy()
+        _C.conv2d_backward_weights_fused(shape, x.ravel(), scale, shift, in_relu, dy.ravel(),
+                                         want.ravel(), accumulate)
+        for use_ws in (True, False):
+            args = (ws, ws_bytes) if use_ws else ()
+            what = f"dw {'+=' if accumulate else '='} (workspace {use_ws})"
+            pdw = gpu.up(start) if accumulate else gpu.empty(wt.shape)
+            run(cuda.conv2d_backward_weights_fused, shape, px, psc, psh, in_relu, pdy, pdw,
+                accumulate, *args)
+            got = gpu.down(pdw, wt.shape)
+            check(got, want, "conv", what)
+            pref = gpu.up(start) if accumulate else gpu.empty(wt.shape)
+            run(cuda.conv2d_backward_weights, shape, pxm, pdy, pref, accumulate, *args)
+            check(got, gpu.down(pref, wt.shape), "conv", what + " against the input mapped first")
+
+
+@pytest.mark.parametrize("n, c, hw", [(1, 1, 1), (2, 3, 5), (4, 16, 64), (2, 64, 1000)])
+@pytest.mark.parametrize("a_kind", MAPS)
+@pytest.mark.parametrize("b_kind", MAPS + ["no b"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_affine_add(gpu, rng, n, c, hw, a_kind, b_kind, relu):
+    a, b = f32(rng, n, c, hw), f32(rng, n, c, hw)
+    sa, ta, ra = affine_map(rng, a_kind, c)
+    sb, tb, rb = affine_map(rng, "none" if b_kind == "no b" else b_kind, c)
+    if b_kind == "no b":
+        b = None
+    want = np.empty((n, c, hw), np.float32)
+    _C.affine_add(n, c, hw, a.ravel(), sa, ta, ra, None if b is None else b.ravel(), sb, tb, rb,
+                  relu, want.ravel())
+    py = gpu.empty(want.shape)
+    run(cuda.affine_add, n, c, hw, gpu.up(a), dev(gpu, sa), dev(gpu, ta), ra, dev(gpu, b),
+        dev(gpu, sb), dev(gpu, tb), rb, relu, py)
+    got = gpu.down(py, want.shape)
+    check(got, want, "elementwise", "y")
+    ref = mapped(a, sa, ta, ra) + (0.0 if b is None else mapped(b, sb, tb, rb))
+    check(got, np.maximum(ref, 0.0) if relu else ref, "elementwise", "y against float64")
+
+
+def test_affine_add_in_place(gpu, rng):
+    """y may be a or b."""
+    n, c, hw = 3, 8, 50
+    a, b = f32(rng, n, c, hw), f32(rng, n, c, hw)
+    sa, ta, _ = affine_map(rng, "affine", c)
+    sb, tb, _ = affine_map(rng, "affine", c)
+    want = np.empty_like(a)
+    _C.affine_add(n, c, hw, a.ravel(), sa, ta, True, b.ravel(), sb, tb, False, True, want.ravel())
+    for target in ("a", "b"):
+        pa, pb = gpu.up(a), gpu.up(b)
+        py = pa if target == "a" else pb
+        run(cuda.affine_add, n, c, hw, pa, gpu.up(sa), gpu.up(ta), True, pb, gpu.up(sb),
+            gpu.up(tb), False, True, py)
+        check(gpu.down(py, a.shape), want, "elementwise", f"y written over {target}")
+
+
+@pytest.mark.parametrize("c, count", [(1, 2), (3, 7), (64, 4096), (1000, 50)])
+@pytest.mark.parametrize("running", [True, False])
+@pytest.mark.parametrize("offset", [0.0, 10.0])
+def test_batch_norm_stats(gpu, rng, c, count, running, offset):
+    v = f32(rng, count, c).astype(np.float64) + offset
+    s, q = v.sum(0), (v * v).sum(0)
+    gamma, beta = f32(rng, c), f32(rng, c)
+    rm0, rv0 = f32(rng, c), np.abs(f32(rng, c)) + 0.5
+    rm, rv = rm0.copy(), rv0.copy()
+    want = [np.empty(c, np.float32) for _ in range(4)]
+    _C.batch_norm_stats(c, count, s, q, gamma, beta, 1e-5, 0.1, rm if running else None,
+                        rv if running else None, *want)
+    prm, prv = (gpu.up(rm0), gpu.up(rv0)) if running else (0, 0)
+    outs = [gpu.empty(c) for _ in range(4)]
+    run(cuda.batch_norm_stats, c, count, gpu.up(s), gpu.up(q), gpu.up(gamma), gpu.up(beta), 1e-5,
+        0.1, prm, prv, *outs)
+    for name, p, w in zip(("save_mean", "save_invstd", "scale", "shift"), outs, want):
+        check(gpu.down(p, c), w, "elementwise", name)
+    if running:
+        check(gpu.down(prm, c), rm, "elementwise", "running_mean")
+        check(gpu.down(prv, c), rv, "elementwise", "running_var")
+
+
+@pytest.mark.parametrize("n, c, hw", BN_SHAPES)
+def test_batch_norm_relu_backward(gpu, rng, n, c, hw):
+    """= and +=, against _C and against the plain backward of dy masked beforehand."""
+    x = f32(rng, n, c, hw) + np.float32(0.5)
+    gamma, beta, dy = f32(rng, c), f32(rng, c), f32(rng, n, c, hw)
+    _, mean, invstd = ops.batch_norm(x, gamma, beta, training=True)
+    sc = (gamma.astype(np.float64) * invstd).astype(np.float32)
+    sh = (beta - mean.astype(np.float64) * sc).astype(np.float32)
+    # where x * sc + sh > 0 (the float64 value has the sign of fmaf's)
+    masked = np.where(mapped(x, sc, sh, False) > 0, dy, np.float32(0.0))
+    px, pg, pdy, pmdy = gpu.up(x), gpu.up(gamma), gpu.up(dy), gpu.up(masked)
+    pm, pi, psc, psh = gpu.up(mean), gpu.up(invstd), gpu.up(sc), gpu.up(sh)
+    g0, b0 = f32(rng, c), f32(rng, c)
+    for accumulate in (False, True):
+        dx, dg, db = np.empty_like(x), g0.copy(), b0.copy()
+        _C.batch_norm_relu_backward(n, c, hw, x.ravel(), gamma, dy.ravel(), mean, invstd, sc, sh,
+                                    dx.ravel(), dg, db, accumulate)
+        pdx, pdg, pdb = gpu.empty(x.shape), gpu.up(g0), gpu.up(b0)
+        run(cuda.batch_norm_relu_backward, n, c, hw, px, pg, pdy, pm, pi, psc, psh, pdx, pdg, pdb,
+            accumulate)
+        got = gpu.down(pdx, x.shape), gpu.down(pdg, c), gpu.down(pdb, c)
+        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, db)):
+            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})")
+        qdx, qdg, qdb = gpu.empty(x.shape), gpu.up(g0), gpu.up(b0)
+        run(cuda.batch_norm_backward, n, c, hw, px, pg, pmdy, pm, pi, qdx, qdg, qdb, accumulate)
+        plain = gpu.down(qdx, x.shape), gpu.down(qdg, c), gpu.down(qdb, c)
+        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, plain):
+            check(g, w, "batch_norm", f"{name} against dy masked first (accumulate {accumulate})")
+
+
+def test_fused_batch_norm_relu_chain(gpu, rng):
+    """conv (channel sums) -> batch_norm_stats -> a stride-2 conv and affine_add reading
+    relu(BatchNorm(y)) through the map, against ops' unfused batch_norm, relu and conv2d."""
+    n, c_in, h, w, c = 4, 3, 10, 10, 8
+    x, w1, w2 = f32(rng, n, c_in, h, w), f32(rng, c, c_in, 3, 3), f32(rng, 5, c, 3, 3)
+    gamma, beta = f32(rng, c), f32(rng, c)
+    y = ops.conv2d(x, w1, padding=1)
+    z, mean, invstd = ops.batch_norm(y, gamma, beta, training=True)
+    r = ops.relu(z)
+    want = ops.conv2d(r, w2, stride=2, padding=1)
+
+    shape1 = (n, c_in, h, w, c, 3, 3, 1, 1, 1, 1)
+    shape2 = (n, c, h, w, 5, 3, 3, 2, 2, 1, 1)
+    py, ps, pq = gpu.empty(y.shape), gpu.empty(c, np.float64), gpu.empty(c, np.float64)
+    run(cuda.conv2d_forward_ex, shape1, gpu.up(x), gpu.up(w1), 0, False, ps, pq, py)
+    pm, pi, psc, psh = (gpu.empty(c) for _ in range(4))
+    run(cuda.batch_norm_stats, c, n * h * w, ps, pq, gpu.up(gamma), gpu.up(beta), 1e-5, 0.1, 0, 0,
+        pm, pi, psc, psh)
+    check(gpu.down(pm, c), mean, "batch_norm", "mean")
+    check(gpu.down(pi, c), invstd, "batch_norm", "invstd")
+    pz = gpu.empty(want.shape)
+    run(cuda.conv2d_forward_fused, shape2, py, psc, psh, True, gpu.up(w2), 0, False, 0, 0, pz)
+    check(gpu.down(pz, want.shape), want, "chain", "conv2d(relu(batch_norm(y)))")
+    pr = gpu.empty(y.shape)
+    run(cuda.affine_add, n, c, h * w, py, psc, psh, True, 0, 0, 0, False, False, pr)
+    check(gpu.down(pr, y.shape), r, "chain", "relu(batch_norm(y))")
 
 
 # ---- linear ----------------------------------------------------------------------------------

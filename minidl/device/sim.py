@@ -55,6 +55,8 @@ FLOPS = {
     "conv2d_forward": _conv_flops,
     "conv2d_backward_data": _conv_flops,
     "conv2d_backward_weights": _conv_flops,
+    "conv2d_forward_fused": _conv_flops,
+    "conv2d_backward_weights_fused": _conv_flops,
     "linear_forward": _linear_flops,
     "linear_backward_data": _linear_flops,
     "linear_backward_weights": _linear_flops,

@@ -15,6 +15,14 @@ keeps besides activations (BatchNorm's statistics) is `saved_bytes()`.
 Activations may live on any device (minidl.device): layers touch them only through
 minidl.ops and array methods both kinds share (shape, reshape), and `to(device)`
 moves a layer's parameters and float buffers.
+
+Fused training (minidl.plan's pass `fusion`): `forward_fused(xs, tags, seed,
+stats)` runs a layer as the plan's tags for its node say and returns (y, saved,
+stats out).  A convolution tagged "stats" returns its output's per-channel sums,
+which the executor hands to the BatchNorm that follows; a BatchNorm or ReLU tagged
+"mapped" returns a `Mapped` activation, never written, which the Conv2d and Add
+that read it apply as they read; backward then recomputes it from the stored
+convolution output.
 """
 from __future__ import annotations
 
@@ -79,6 +87,34 @@ def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
         raise ShapeError(f"{e} (input shape {tuple(in_shape)})") from None
 
 
+class Mapped:
+    """An activation the fusion pass keeps out of memory: max(x * scale[c] + shift[c],
+    0) per channel c of x (the max only when relu; scale and shift (C,) or both None),
+    applied by its readers as they read x."""
+
+    __slots__ = ("x", "scale", "shift", "relu")
+
+    def __init__(self, x, scale=None, shift=None, relu: bool = False):
+        self.x, self.scale, self.shift, self.relu = x, scale, shift, relu
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+    def map_args(self, prefix: str = "x") -> dict:
+        """The map as the keyword arguments of minidl.ops (x_scale, x_shift, x_relu)."""
+        return {f"{prefix}_scale": self.scale, f"{prefix}_shift": self.shift,
+                f"{prefix}_relu": self.relu}
+
+    def materialize(self):
+        return ops.affine_add(self.x, **self.map_args("a"))
+
+
+def _unmapped(x, prefix: str = "x"):
+    """(the array a reader reads, the ops keyword arguments of its map)."""
+    return (x.x, x.map_args(prefix)) if isinstance(x, Mapped) else (x, {})
+
+
 class Layer:
     """Base class; see the module docstring for the protocol."""
 
@@ -100,6 +136,13 @@ class Layer:
 
     def backward(self, dy: np.ndarray, saved, need_dx: bool = True) -> List[Optional[np.ndarray]]:
         raise NotImplementedError
+
+    def forward_fused(self, xs: list, tags: Sequence[str], seed: int = 0, stats=None):
+        """A training forward as the fusion pass's tags say: (y, saved, the output's
+        channel sums or None).  This default writes any Mapped input out first."""
+        y, saved = self.forward([x.materialize() if isinstance(x, Mapped) else x for x in xs],
+                                True, seed)
+        return y, saved, None
 
     def flops(self, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         """Forward floating-point operations per sample (multiply-add = 2)."""
@@ -174,6 +217,17 @@ class Conv2d(Layer):
                        stride=self.stride, padding=self.padding)
         return y, xs[0]
 
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """The input read through its map (tag "mapped-in"), ReLU in the epilogue
+        ("applies-relu"), the output's channel sums for a BatchNorm ("stats"); saved:
+        the input as read, a Mapped one recomputed by backward."""
+        x, m = _unmapped(xs[0])
+        b = self.params.get("bias")
+        y, s1, s2 = ops.conv2d_fused(x, self.params["weight"].data, None if b is None else b.data,
+                                     stride=self.stride, padding=self.padding,
+                                     relu="applies-relu" in tags, stats="stats" in tags, **m)
+        return y, xs[0], (s1, s2) if s1 is not None else None
+
     def forward_folded(self, x, scale=None, shift=None, relu: bool = False):
         """Evaluation-mode forward (host arrays) with a per-channel affine map y * scale
         + shift folded into the weights and bias (a following BatchNorm's,
@@ -188,9 +242,10 @@ class Conv2d(Layer):
 
     def backward(self, dy, saved, need_dx=True):
         w = self.params["weight"]
-        dx, w.grad, db = ops.conv2d_backward(saved, w.data, dy, stride=self.stride,
+        x, m = _unmapped(saved)
+        dx, w.grad, db = ops.conv2d_backward(x, w.data, dy, stride=self.stride,
                                              padding=self.padding, need_dx=need_dx,
-                                             need_db=self.bias)
+                                             need_db=self.bias, **m)
         if self.bias:
             self.params["bias"].grad = db
         return [dx]
@@ -260,12 +315,38 @@ class BatchNorm2d(Layer):
             b["num_batches_tracked"] += 1
         return y, (xs[0], mean, invstd)
 
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """Statistics from the convolution's sums (tag "from-sums"); the output a
+        Mapped (tag "mapped", with the ReLU after it folded in by that ReLU), or written
+        in one pass with the ReLU applied ("applies-relu").  saved: (x, mean, invstd),
+        and when mapped the map and whether backward masks for the ReLU ("masks-relu")."""
+        if "from-sums" not in tags or stats is None:
+            return super().forward_fused(xs, tags, seed, stats)
+        x, b = xs[0], self.buffers
+        mean, invstd, scale, shift = ops.batch_norm_stats(
+            stats[0], stats[1], x.size // x.shape[1], self.params["weight"].data,
+            self.params["bias"].data, running_mean=b["running_mean"],
+            running_var=b["running_var"], momentum=self.momentum, eps=self.eps)
+        b["num_batches_tracked"] += 1
+        if "mapped" in tags:
+            y = Mapped(x, scale, shift)
+        else:
+            y = ops.affine_add(x, a_scale=scale, a_shift=shift, relu="applies-relu" in tags)
+        # mapped: the map lives until this backward (the readers' may reference it), and
+        # backward masks with it for the ReLU when the ReLU was folded in
+        saved = (x, mean, invstd) + (((scale, shift), "masks-relu" in tags)
+                                     if "mapped" in tags else ())
+        return y, saved, None
+
     def backward(self, dy, saved, need_dx=True):
         x, mean, invstd = saved[:3]
         g, beta = self.params["weight"], self.params["bias"]
         if len(saved) == 4:
             return [self._backward_sync(dy, saved)]
-        dx, g.grad, beta.grad = ops.batch_norm_backward(x, g.data, dy, mean, invstd)
+        relu = {}
+        if len(saved) == 5 and saved[4]:  # fused, mapped, with the ReLU after it folded in
+            relu = dict(relu_scale=saved[3][0], relu_shift=saved[3][1])
+        dx, g.grad, beta.grad = ops.batch_norm_backward(x, g.data, dy, mean, invstd, **relu)
         return [dx]
 
     # Synchronised BatchNorm: the statistics of the global batch, from per-channel sums
@@ -332,7 +413,19 @@ class ReLU(Layer):
         y = ops.relu(xs[0])
         return y, y
 
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """"mapped": the Mapped input with the ReLU added to its map (its BatchNorm's
+        backward masks), saved None; "absorbed": the input, already max(., 0)."""
+        x = xs[0]
+        if "mapped" in tags and isinstance(x, Mapped):
+            return Mapped(x.x, x.scale, x.shift, relu=True), None, None
+        if "absorbed" in tags:
+            return x, x, None
+        return super().forward_fused(xs, tags, seed, stats)
+
     def backward(self, dy, saved, need_dx=True):
+        if saved is None:  # mapped: the BatchNorm before it applies the mask
+            return [dy]
         return [ops.relu_backward(saved, dy)]  # y > 0 exactly where x > 0
 
 
@@ -497,6 +590,12 @@ class Add(Layer):
 
     def forward(self, xs, training, seed=0):
         return ops.add(xs[0], xs[1]), None
+
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """Mapped inputs read through their maps, the ReLU after it applied
+        ("applies-relu"), in one pass."""
+        (a, ma), (b, mb) = _unmapped(xs[0], "a"), _unmapped(xs[1], "b")
+        return ops.affine_add(a, b, relu="applies-relu" in tags, **ma, **mb), None, None
 
     def backward(self, dy, saved, need_dx=True):
         return [dy, dy]

@@ -2,11 +2,29 @@
 
 A Plan lists the steps of a Net in execution order (one per layer node) with the
 decisions later planner passes make: the device each step runs on, the slices of a
-batch, and which activations are kept for backward.  Today's only plan is the plain
-one: everything on one device (cpu, sim or cuda:N), unfused, one slice, every
-activation a layer needs for backward kept in memory.  `inference_fusion` says
-which layers each convolution absorbs in evaluation mode (BatchNorm folded into
-its weights, ReLU in its epilogue).  `make_plan` also predicts the
+batch, which layers are fused and which activations are kept for backward.  The
+plan is everything on one device (cpu, sim or cuda:N), one slice, with the pass
+`fusion` (on by default, `make_plan(fuse=False)` for the plain plan), which fuses
+Conv+BatchNorm+ReLU for training:
+
+- a BatchNorm2d that is the sole reader of a Conv2d takes its statistics from the
+  convolution's epilogue (per-channel sums while each output tile is in registers):
+  conv tag "stats", BatchNorm tag "from-sums", no statistics pass;
+- if every reader of the BatchNorm (or of the ReLU that is its sole reader) is a
+  Conv2d or an Add, its output is never written: BatchNorm tag "mapped" (and the
+  ReLU's), the readers' tag "mapped-in": they apply x * scale + shift and the ReLU
+  as they read; backward recomputes them from the stored convolution output, the
+  BatchNorm's backward masking for the ReLU (tag "masks-relu");
+- otherwise the BatchNorm writes its output with the ReLU applied in the same pass
+  (tag "applies-relu", the ReLU "absorbed": its output is its input);
+- a ReLU that is the sole reader of an Add or a Conv2d is applied by it the same
+  way ("applies-relu" / "absorbed").
+
+`inference_fusion` says which layers each convolution absorbs in evaluation mode
+(BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
+the bytes its kernels read and write (`bytes_forward`, `bytes_backward`, from the
+shapes: what each kernel's passes over memory touch) and `bytes_moved()` adds up a
+training step.  `make_plan` also predicts the
 step's peak memory by replaying the executor's allocation order over the tensor
 sizes, without running a kernel: `peak` = parameters + float buffers + optimizer
 state + the step's peak (the batch, activations, saved statistics, activation and
@@ -17,10 +35,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
+from minidl import nn
 from minidl.device import Device, canonical_name
 from minidl.graph import INPUT, Net
 
@@ -41,6 +60,10 @@ class Step:
     saved_bytes: int            # bytes kept for backward besides those (BatchNorm statistics)
     flops: int                  # forward, whole batch
     need_dx: List[bool]         # which inputs need a gradient
+    fused: List[str] = field(default_factory=list)  # the fusion pass's tags (module doc)
+    grad_view: bool = False     # backward hands dy on as the input gradients, uncopied
+    bytes_forward: int = 0      # bytes the step's kernels read and write, forward
+    bytes_backward: int = 0     # ... and backward (with the gradient sums of its output)
 
 
 @dataclass
@@ -70,11 +93,13 @@ class Plan:
         head = (f"plan for {self.net!r}, batch {self.batch_size}, device {self.device}, "
                 f"{self.slices} slice(s), passes: {', '.join(self.passes) or 'none'}")
         rows = [f"{'#':>3} {'node':<22} {'layer':<16} {'output shape':<20} {'params MB':>9} "
-                f"{'output MB':>9} {'kept':<14} {'GFLOP':>7}"]
+                f"{'output MB':>9} {'kept':<14} {'GFLOP':>7} {'MB moved':>8}  fused"]
         for i, s in enumerate(self.steps):
             rows.append(f"{i:>3} {s.name:<22} {s.kind:<16} {str(tuple(s.shape)):<20} "
                         f"{s.param_bytes * mb:>9.3f} {s.output_bytes * mb:>9.2f} "
-                        f"{','.join(s.kept) or '-':<14.14} {s.flops / 1e9:>7.3f}")
+                        f"{','.join(s.kept) or '-':<14.14} {s.flops / 1e9:>7.3f} "
+                        f"{(s.bytes_forward + s.bytes_backward) * mb:>8.1f}  "
+                        f"{','.join(s.fused) or '-'}")
         m = self.memory
         foot = [f"parameters {m['params'] * mb:.2f} MB, buffers {m['buffers'] * mb:.2f} MB, "
                 f"gradients {m['grads'] * mb:.2f} MB, optimizer state "
@@ -83,44 +108,146 @@ class Plan:
                 f"activation peak {m['activation_peak'] * mb:.2f} MB, step peak (with the "
                 f"gradients) {m['step_peak'] * mb:.2f} MB",
                 f"predicted peak {m['peak'] * mb:.2f} MB; forward {self.flops() / 1e9:.2f} GFLOP, "
-                f"training step about {3 * self.flops() / 1e9:.2f} GFLOP"]
+                f"training step about {3 * self.flops() / 1e9:.2f} GFLOP, "
+                f"{self.bytes_moved() * mb:.1f} MB moved"]
         return "\n".join([head] + rows + foot)
 
     def flops(self) -> int:
         return sum(s.flops for s in self.steps)
 
+    def bytes_moved(self) -> int:
+        """Bytes the kernels of a training step read and write (forward and backward;
+        the loss and the optimizer's update not counted)."""
+        return sum(s.bytes_forward + s.bytes_backward for s in self.steps)
 
-def storage_of(net: Net) -> Dict[str, str]:
-    """The node whose memory each node's output is (a view shares its input's)."""
+
+def storage_of(net: Net, fused: Optional[Dict[str, List[str]]] = None) -> Dict[str, str]:
+    """The node whose memory each node's output is (a view shares its input's, as do
+    the outputs the fusion pass does not write: tags "mapped" and "absorbed")."""
+    fused = fused or {}
     root: Dict[str, str] = {}
     for k, n in net.nodes.items():
-        root[k] = root[n.inputs[0]] if n.layer is not None and n.layer.output_is_view else k
+        view = n.layer is not None and (n.layer.output_is_view or
+                                        bool({"mapped", "absorbed"} & set(fused.get(k, ()))))
+        root[k] = root[n.inputs[0]] if view else k
     return root
 
 
+def _readers(net: Net) -> Dict[str, List[str]]:
+    readers: Dict[str, List[str]] = {}
+    for k, n in net.layers():
+        for x in dict.fromkeys(n.inputs):
+            readers.setdefault(x, []).append(k)
+    return readers
+
+
+def fusion(net: Net) -> Dict[str, List[str]]:
+    """The fusion pass: tags per node name (the module doc says what each means)."""
+    readers = _readers(net)
+    kind = {k: type(n.layer).__name__ for k, n in net.layers()}
+
+    def sole_reader(k: str, want: str) -> Optional[str]:
+        r = readers.get(k, [])
+        if k != net.output and len(r) == 1 and kind[r[0]] == want:
+            return r[0]
+        return None
+
+    tags: Dict[str, List[str]] = {}
+
+    def tag(k, *new):
+        tags.setdefault(k, []).extend(t for t in new if t not in tags[k])
+
+    for k, n in net.layers():
+        if kind[k] == "BatchNorm2d" and n.layer.sync is None and len(n.shape) == 3 \
+                and kind.get(n.inputs[0]) == "Conv2d" and sole_reader(n.inputs[0], kind[k]) == k:
+            tag(n.inputs[0], "stats")
+            tag(k, "from-sums")
+            relu = sole_reader(k, "ReLU")
+            last = relu or k
+            if last != net.output and all(kind[r] in ("Conv2d", "Add") for r in readers[last]):
+                tag(k, "mapped", *(("masks-relu",) if relu else ()))
+                if relu:
+                    tag(relu, "mapped")
+                for r in readers[last]:
+                    tag(r, "mapped-in")
+            elif relu:
+                tag(k, "applies-relu")
+                tag(relu, "absorbed")
+    for k, n in net.layers():
+        relu = sole_reader(k, "ReLU") if kind[k] in ("Add", "Conv2d") else None
+        if relu and relu not in tags and "stats" not in tags.get(k, ()):
+            tag(k, "applies-relu")
+            tag(relu, "absorbed")
+    return tags
+
+
+def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: int,
+             need_dx: List[bool]):
+    """(forward, backward) bytes a step's kernels read and write, from the passes each
+    makes over memory: a convolution or a linear layer reads its input and weights and
+    writes its output; backward reads dy and the weights and writes dx, reads the
+    input and dy and writes dw.  BatchNorm reads its input twice (statistics, then
+    normalisation) and writes once; with its statistics from the convolution's sums
+    it reads once, and nothing when mapped; backward reads x and dy twice (sums, then
+    dx) and writes dx.  Elementwise layers read their inputs and write their output
+    (a mapped or absorbed ReLU moves nothing forward; a mapped one nothing backward)."""
+    x = in_bytes[0]
+    dx = sum(b for b, need in zip(in_bytes, need_dx) if need)
+    if kind in ("Conv2d", "Linear"):
+        data = out_bytes + param_bytes + dx if any(need_dx) else 0
+        return x + param_bytes + out_bytes, data + x + out_bytes + param_bytes
+    if kind == "BatchNorm2d":
+        fwd = 0 if "mapped" in tags else (1 if "from-sums" in tags else 2) * x + out_bytes
+        return fwd + param_bytes, 4 * x + dx + param_bytes
+    if kind == "ReLU":
+        if "mapped" in tags:
+            return 0, 0
+        return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
+    if kind == "Add":
+        return sum(in_bytes) + out_bytes, 0
+    if kind == "MaxPool2d":
+        return x + out_bytes, x + out_bytes + dx
+    if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
+        return x + out_bytes, out_bytes + dx
+    return 0, 0  # Flatten: a view
+
+
 def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
-              device="cpu") -> Plan:
-    """The plain plan of net at batch_size on device (a name such as "sim" or
-    "cuda:0", or a Device); optimizer_slots is the number of parameter-sized arrays
-    the optimizer keeps (SGD with momentum 1, Adam 2)."""
+              device="cpu", fuse: bool = True) -> Plan:
+    """The plan of net at batch_size on device (a name such as "sim" or "cuda:0", or
+    a Device), with the fusion pass unless fuse is False; optimizer_slots is the
+    number of parameter-sized arrays the optimizer keeps (SGD with momentum 1, Adam 2)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     device = device.name if isinstance(device, Device) else canonical_name(device)
-    root = storage_of(net)
+    fused = fusion(net) if fuse else {}
+    root = storage_of(net, fused)
+    size = {k: batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
+    readers = {k: 0 for k in net.nodes}  # gradients flowing into each node
     steps = []
     for k, n in net.layers():
-        layer = n.layer
+        layer, tags = n.layer, fused.get(k, [])
         in_shapes = [net.nodes[i].shape for i in n.inputs]
-        kept = sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
+        relu_mapped = isinstance(layer, nn.ReLU) and "mapped" in tags
+        saves = () if relu_mapped else layer.saves
+        kept = sorted({root[n.inputs[0]] if s == "in" else root[k] for s in saves})
+        need_dx = [i != INPUT for i in n.inputs]
+        for i, need in zip(n.inputs, need_dx):
+            readers[i] += need
+        params = sum(p.data.nbytes for p in layer.params.values())
+        fwd, bwd = _traffic(type(layer).__name__, tags, [size[i] for i in n.inputs],
+                            size[k], params, need_dx)
         steps.append(Step(
             name=k, kind=type(layer).__name__, inputs=list(n.inputs),
-            shape=[batch_size, *n.shape], device=device,
-            param_bytes=sum(p.data.nbytes for p in layer.params.values()),
-            output_bytes=0 if root[k] != k else batch_size * int(np.prod(n.shape)) * F32,
-            kept=kept, saved_bytes=layer.saved_bytes(),
-            flops=batch_size * layer.flops(in_shapes, n.shape),
-            need_dx=[i != INPUT for i in n.inputs]))
-    plan = Plan(net.name, batch_size, steps, device)
+            shape=[batch_size, *n.shape], device=device, param_bytes=params,
+            output_bytes=0 if root[k] != k else size[k], kept=kept,
+            saved_bytes=layer.saved_bytes() * (2 if "mapped" in tags else 1),  # + the map
+            flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
+            fused=list(tags), grad_view=layer.gradient_is_view or relu_mapped,
+            bytes_forward=fwd, bytes_backward=bwd))
+    for s in steps:  # where several gradients flow into a node, they are added (3 passes each)
+        s.bytes_backward += 3 * size[s.name] * max(readers[s.name] - 1, 0)
+    plan = Plan(net.name, batch_size, steps, device, passes=["fusion"] if fuse else [])
     params = sum(p.data.nbytes for p in net.parameters().values())
     buffers = sum(b.nbytes for b in net.buffers().values() if b.dtype == np.float32)
     kept, act_peak, step_peak = simulate_activations(net, plan)
@@ -172,7 +299,7 @@ def simulate_activations(net: Net, plan: Plan):
     backward step has run; layers with gradient_is_view pass it on uncopied.  The step
     peak adds the parameter gradients, made by each backward step and kept to the end
     (the executor drops the previous step's at the start of a step)."""
-    root = storage_of(net)
+    root = storage_of(net, {s.name: s.fused for s in plan.steps})
     size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
     last_read = {x: i for i, s in enumerate(plan.steps) for x in s.inputs}
     refs: Dict[tuple, int] = {}
@@ -226,7 +353,7 @@ def simulate_activations(net: Net, plan: Plan):
             for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
                 if not need:
                     continue
-                if net.nodes[s.name].layer.gradient_is_view:
+                if s.grad_view:
                     dx = dy
                     inc(dy)
                 else:

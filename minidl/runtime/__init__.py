@@ -13,9 +13,12 @@ parameters live; the previous step's are dropped when a step starts.  With a
 budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
 starts, so a failed step changes nothing but the dropped gradients.
 
-In evaluation mode on the cpu, each convolution absorbs the BatchNorm2d and ReLU
-that directly follow it (minidl.plan.inference_fusion): the BatchNorm folded into
-its weights and bias, the ReLU applied by its epilogue.
+In training, steps the plan's fusion pass tagged run fused (Layer.forward_fused):
+a convolution's channel sums go to the BatchNorm that follows, and activations
+tagged "mapped" stay out of memory (minidl.plan says how).  In evaluation mode on
+the cpu, each convolution absorbs the BatchNorm2d and ReLU that directly follow it
+(minidl.plan.inference_fusion): the BatchNorm folded into its weights and bias, the
+ReLU applied by its epilogue.
 
 Optional instruments: per step forward/backward seconds (`timings`) and memory
 (`track_memory`): on the cpu the activation bytes the executor holds, counted from
@@ -33,7 +36,7 @@ import numpy as np
 from minidl import ops
 from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
-from minidl.nn.layers import SoftmaxCrossEntropy
+from minidl.nn.layers import Mapped, SoftmaxCrossEntropy
 from minidl.plan import Plan, inference_fusion, make_plan
 
 _MASK64 = (1 << 64) - 1
@@ -45,6 +48,8 @@ def _arrays(objs: Iterable) -> Iterable[np.ndarray]:
             yield o
         elif isinstance(o, (tuple, list)):
             yield from _arrays(o)
+        elif isinstance(o, Mapped):
+            yield from _arrays((o.x, o.scale, o.shift))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -202,7 +207,8 @@ class Executor:
         if self.device.budget is None:
             return
         if n not in self._step_bytes:
-            self._step_bytes[n] = make_plan(self.net, n, device=self.device
+            self._step_bytes[n] = make_plan(self.net, n, device=self.device,
+                                            fuse="fusion" in self.plan.passes
                                             ).memory["step_peak"]
         self.device.check_fits(self._step_bytes[n], f"a training step of batch {n} "
                                f"(the plan's prediction)")
@@ -228,6 +234,7 @@ class Executor:
         nodes = self.net.nodes
         groups = {} if training else self.inference_groups
         absorbed: Dict[str, object] = {}  # absorbed step -> its output, made by its conv
+        stats: Dict[str, object] = {}  # a convolution's channel sums, for its BatchNorm
         for i, s in enumerate(self.plan.steps):
             t0 = time.perf_counter()
             if s.name in absorbed:
@@ -235,6 +242,12 @@ class Executor:
             elif s.name in groups:
                 y, saved = self._fused(s.name, groups[s.name], outs[s.inputs[0]]), None
                 absorbed.update(dict.fromkeys(groups[s.name], y))
+            elif training and s.fused:
+                y, saved, sums = nodes[s.name].layer.forward_fused(
+                    [outs[k] for k in s.inputs], s.fused, self._seed(i), stats.pop(s.inputs[0], None))
+                if sums is not None:
+                    stats[s.name] = sums
+                del sums
             else:
                 y, saved = nodes[s.name].layer.forward([outs[k] for k in s.inputs], training,
                                                        self._seed(i))

@@ -80,6 +80,26 @@ int main(void)
     EXPECT_ERROR(mdl_cuda_linear_backward_weights(2, 3, 4, p, p, p, NULL, 2, NULL, 0, NULL),
                  MDL_ERR_ARG, "accumulate must be 0 or 1");
 
+    /* the fused kernels: mdl_affine is a host struct holding device pointers */
+    mdl_affine half = {p, NULL, 1};
+    EXPECT_ERROR(mdl_cuda_conv2d_forward_fused(&cs, p, &half, p, NULL, 1, NULL, NULL, p, NULL, 0,
+                                               NULL),
+                 MDL_ERR_ARG, "in->scale and in->shift must both be given");
+    mdl_affine relu_only = {NULL, NULL, 1};
+    EXPECT_ERROR(mdl_cuda_conv2d_backward_weights_fused(&big, p, &relu_only, p, p, 0, p, need - 1,
+                                                        NULL),
+                 MDL_ERR_WORKSPACE, "workspace has");
+    EXPECT_ERROR(mdl_cuda_affine_add(2, 3, 4, p, &half, NULL, NULL, 1, p, NULL), MDL_ERR_ARG,
+                 "fa->scale and fa->shift");
+    EXPECT(mdl_cuda_affine_add(0, 3, 4, NULL, NULL, NULL, NULL, 0, NULL, NULL) == MDL_OK,
+           "affine_add of n = 0 is a no-op");
+    EXPECT_ERROR(mdl_cuda_batch_norm_stats(4, 1, (const double *)p, (const double *)p, p, p, 1e-5f,
+                                           0.1f, NULL, NULL, p, p, p, p, NULL),
+                 MDL_ERR_ARG, "count > 1");
+    EXPECT_ERROR(mdl_cuda_batch_norm_relu_backward(2, 4, 3, p, p, p, p, p, NULL, p, p, p, p, 0,
+                                                   NULL),
+                 MDL_ERR_ARG, "scale must not be NULL");
+
     if (failures) {
         printf("%d failure(s)\n", failures);
         return 1;
