@@ -227,6 +227,14 @@ MDL_API mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float
 /* dx = scatter of dy to each window's maximum, recomputed from x. */
 MDL_API mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
                                            const float *dy, float *dx);
+/* The max pooling of x read through `in` (channel = plane % c; NULL: x as it is;
+ * see mdl_affine), forward and backward: a BatchNorm's normalisation and ReLU
+ * applied as the window is read, dx the gradient with respect to the mapped input. */
+MDL_API mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                const mdl_affine *in, float *y);
+MDL_API mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                 const mdl_affine *in, const float *dy,
+                                                 float *dx);
 /* Mean over each window counting padding (count_include_pad=True). */
 MDL_API mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
 MDL_API mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx);

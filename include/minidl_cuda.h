@@ -174,6 +174,15 @@ MDL_API mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const 
 MDL_API mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
                                                 const float *dy, float *dx,
                                                 mdl_cuda_stream stream);
+/* The max pooling of x read through `in` (see mdl_max_pool2d_forward_fused; NULL: x as
+ * it is), forward and backward: `in` is a host pointer, its scale and shift device
+ * pointers (c each); dx overwritten, the gradient with respect to the mapped input. */
+MDL_API mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                     const mdl_affine *in, float *y,
+                                                     mdl_cuda_stream stream);
+MDL_API mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                      const mdl_affine *in, const float *dy,
+                                                      float *dx, mdl_cuda_stream stream);
 MDL_API mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x,
                                                float *y, mdl_cuda_stream stream);
 MDL_API mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,

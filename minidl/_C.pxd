@@ -78,6 +78,10 @@ cdef extern from "minidl.h" nogil:
     mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
     mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy,
                                        float *dx)
+    mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                            const mdl_affine *in_, float *y)
+    mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                             const mdl_affine *in_, const float *dy, float *dx)
     mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
     mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
     mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,

@@ -230,6 +230,29 @@ def max_pool2d_backward(tuple shape, const float[::1] x, const float[::1] dy, fl
     check(st)
 
 
+def max_pool2d_forward_fused(tuple shape, const float[::1] x, const float[::1] in_scale,
+                             const float[::1] in_shift, bint in_relu, float[::1] y):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_max_pool2d_forward_fused(&ps, cptr(x), fp, mptr(y))
+    check(st)
+
+
+def max_pool2d_backward_fused(tuple shape, const float[::1] x, const float[::1] in_scale,
+                              const float[::1] in_shift, bint in_relu, const float[::1] dy,
+                              float[::1] dx):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_max_pool2d_backward_fused(&ps, cptr(x), fp, cptr(dy), mptr(dx))
+    check(st)
+
+
 def avg_pool2d_forward(tuple shape, const float[::1] x, float[::1] y):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_status st

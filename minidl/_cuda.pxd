@@ -53,6 +53,12 @@ cdef extern from "minidl_cuda.h" nogil:
                                            mdl_cuda_stream stream)
     mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
                                             const float *dy, float *dx, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                 const mdl_affine *in_, float *y,
+                                                 mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                                  const mdl_affine *in_, const float *dy,
+                                                  float *dx, mdl_cuda_stream stream)
     mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
                                            mdl_cuda_stream stream)
     mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,

@@ -220,6 +220,29 @@ def max_pool2d_backward(tuple shape, uintptr_t x, uintptr_t dy, uintptr_t dx, ui
     check(st)
 
 
+def max_pool2d_forward_fused(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
+                             bint in_relu, uintptr_t y, uintptr_t stream=0):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_max_pool2d_forward_fused(&ps, cptr(x), fin, mptr(y), sptr(stream))
+    check(st)
+
+
+def max_pool2d_backward_fused(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
+                              bint in_relu, uintptr_t dy, uintptr_t dx, uintptr_t stream=0):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_max_pool2d_backward_fused(&ps, cptr(x), fin, cptr(dy), mptr(dx),
+                                                sptr(stream))
+    check(st)
+
+
 def avg_pool2d_forward(tuple shape, uintptr_t x, uintptr_t y, uintptr_t stream=0):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_status st

@@ -397,28 +397,50 @@ def _pool_dy(dy, n: int, c: int, ho: int, wo: int) -> np.ndarray:
 
 
 def max_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
-               padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
+               padding: IntPair = 0, ceil_mode: bool = False,
+               x_scale: Optional[np.ndarray] = None, x_shift: Optional[np.ndarray] = None,
+               x_relu: bool = False) -> np.ndarray:
     """Max over each window [torch.nn.functional.max_pool2d]: x (N, C, H, W) ->
     (N, C, H_out, W_out).  kernel_size, stride, padding: int or (h, w); stride None
     means kernel_size; padding (never the maximum) at most kernel_size // 2.  NaN
-    propagates; ties go to the first element in row-major window order."""
-    return _pool_forward("max_pool2d_forward", x, kernel_size, stride, padding, ceil_mode)
+    propagates; ties go to the first element in row-major window order.  x_scale,
+    x_shift, x_relu: the pooling of x read through that per-channel map (as in
+    conv2d_fused)."""
+    if x_scale is None and x_shift is None and not x_relu:
+        return _pool_forward("max_pool2d_forward", x, kernel_size, stride, padding, ceil_mode)
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    x_scale, x_shift = _input_map(x, x_scale, x_shift)
+    k = _kernels(x=x, x_scale=x_scale, x_shift=x_shift)
+    y = _empty(x, x.shape[:2] + (ho, wo))
+    if y.size:
+        k.max_pool2d_forward_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
+                                   y.reshape(-1))
+    return y
 
 
 def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
                         stride: Optional[IntPair] = None, padding: IntPair = 0,
-                        ceil_mode: bool = False) -> np.ndarray:
+                        ceil_mode: bool = False, x_scale: Optional[np.ndarray] = None,
+                        x_shift: Optional[np.ndarray] = None, x_relu: bool = False
+                        ) -> np.ndarray:
     """dx (N, C, H, W) for max_pool2d(x, ...): dy (N, C, H_out, W_out) goes to each
-    window's maximum (recomputed from x), summed where windows overlap."""
+    window's maximum (recomputed from x), summed where windows overlap.  With a map
+    (x_scale, x_shift, x_relu), the maxima of the mapped input, dx with respect to it."""
     if isinstance(x, tuple):
         raise TypeError("x must be a numpy.ndarray or a device array (max pooling's backward "
                         "reads its values), got tuple")
     x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
     dy = _pool_dy(dy, x.shape[0], x.shape[1], ho, wo)
-    k = _kernels(x=x, dy=dy)
+    x_scale, x_shift = _input_map(x, x_scale, x_shift)
+    k = _kernels(x=x, dy=dy, x_scale=x_scale, x_shift=x_shift)
     dx = _empty(x, x.shape)
-    if dx.size:
+    if not dx.size:
+        return dx
+    if x_scale is None and not x_relu:
         k.max_pool2d_backward(shape, x.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    else:
+        k.max_pool2d_backward_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
+                                    dy.reshape(-1), dx.reshape(-1))
     return dx
 
 

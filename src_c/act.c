@@ -31,6 +31,11 @@ void mdl_dropout_scalar(int64_t lo, int64_t hi, uint32_t threshold, float scale,
         y[i] = (mdl_dropout_hash(seed, i) >> 8) >= threshold ? x[i] * scale : 0.0f;
 }
 
+void mdl_affine_row_scalar(const float *src, int64_t n, mdl_affine_ch g, float *d)
+{
+    for (int64_t j = 0; j < n; j++) d[j] = mdl_affine_apply(src[j], g);
+}
+
 void mdl_affine_add_scalar(int64_t r0, int64_t r1, int64_t j0, int64_t c, int64_t hw,
                            const float *a, const mdl_affine *fa, const float *b,
                            const mdl_affine *fb, int relu, float *y)

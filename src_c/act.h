@@ -32,6 +32,8 @@ void mdl_relu_backward_scalar(int64_t lo, int64_t hi, const float *x, const floa
 void mdl_add_scalar(int64_t lo, int64_t hi, const float *a, const float *b, float *y);
 void mdl_dropout_scalar(int64_t lo, int64_t hi, uint32_t threshold, float scale, uint64_t seed,
                         const float *x, float *y);
+/* d[0, n) = src[0, n) read through one channel's map g (d may equal src) */
+void mdl_affine_row_scalar(const float *src, int64_t n, mdl_affine_ch g, float *d);
 /* rows [r0, r1) of (n * c, hw), row r of channel r % c: y = act(fa(a) + fb(b)) from
  * column j0 on (b NULL: act(fa(a))) */
 void mdl_affine_add_scalar(int64_t r0, int64_t r1, int64_t j0, int64_t c, int64_t hw,
@@ -44,6 +46,7 @@ void mdl_relu_backward_avx2(int64_t lo, int64_t hi, const float *x, const float 
 void mdl_add_avx2(int64_t lo, int64_t hi, const float *a, const float *b, float *y);
 void mdl_dropout_avx2(int64_t lo, int64_t hi, uint32_t threshold, float scale, uint64_t seed,
                       const float *x, float *y);
+void mdl_affine_row_avx2(const float *src, int64_t n, mdl_affine_ch g, float *d);
 void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const float *a,
                          const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
                          float *y);
@@ -52,6 +55,7 @@ void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const fl
 #  define mdl_relu_backward_avx2 mdl_relu_backward_scalar
 #  define mdl_add_avx2 mdl_add_scalar
 #  define mdl_dropout_avx2 mdl_dropout_scalar
+#  define mdl_affine_row_avx2 mdl_affine_row_scalar
 #  define mdl_affine_add_avx2(r0, r1, c, hw, a, fa, b, fb, relu, y) \
           mdl_affine_add_scalar(r0, r1, 0, c, hw, a, fa, b, fb, relu, y)
 #endif

@@ -49,6 +49,14 @@ static inline __m256 affine8(__m256 x, __m256 s, __m256 t, int relu)
     return relu8(_mm256_fmadd_ps(x, s, t), relu);
 }
 
+void mdl_affine_row_avx2(const float *src, int64_t n, mdl_affine_ch g, float *d)
+{
+    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(d + j, affine8(_mm256_loadu_ps(src + j), s, t, g.relu));
+    mdl_affine_row_scalar(src + j, n - j, g, d + j);
+}
+
 void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const float *a,
                          const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
                          float *y)

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <immintrin.h>
 #include "simd_avx2.h"
+#include "act.h"
 #include "conv.h"
 
 /* d[0, count) = 0 */
@@ -82,15 +83,7 @@ static void affine_row(float *d, const float *src, int64_t w, const mdl_affine *
         memcpy(d, src, (size_t)w * sizeof(float));
         return;
     }
-    const mdl_affine_ch g = mdl_affine_at(f, ch);
-    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t), zero = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= w; j += 8) {
-        __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(src + j), s, t);
-        if (g.relu) v = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
-        _mm256_storeu_ps(d + j, v);
-    }
-    for (; j < w; j++) d[j] = mdl_affine_apply(src[j], g);
+    mdl_affine_row_avx2(src, w, mdl_affine_at(f, ch), d);
 }
 
 void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,

@@ -5,6 +5,10 @@
 #include "common.h"
 #include "pool.h"
 #include "checks.h"
+#include "act.h"
+#ifdef _OPENMP
+#  include <omp.h>
+#endif
 
 #include <string.h>
 
@@ -154,39 +158,92 @@ mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int
         for (int64_t p = 0; p < (count); p++) { body; }                 \
     } while (0)
 
+
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
-mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
+/* Max pooling, forward or backward (back), of x read through the map `in` (NULL: x
+ * itself): with a map, each thread reads its planes through it into a plane of its own
+ * and pools that. */
+static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, const float *x,
+                           const mdl_affine *in, const float *dy, float *out)
 {
-    const char *fn = __func__;
     mdl_pool_geom g;
     mdl_status st = pool_geom(fn, s, &g);
     if (st != MDL_OK) return st;
-    CHECK_PTRS2(x, y);
-    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
-    int avx2 = mdl_use_avx2() && g.vec_ok;
-    PLANES(planes, (double)planes * (double)out * (double)(g.kh * g.kw),
-           if (avx2) mdl_max_pool_plane_avx2(&g, x + p * in, y + p * out);
-           else mdl_max_pool_plane_scalar(&g, x + p * in, y + p * out));
+    if (in && (in->scale == NULL) != (in->shift == NULL))
+        return mdl_error(MDL_ERR_ARG, "%s: in->scale and in->shift must both be given or both "
+                         "be NULL", fn);
+    if (back) {
+        CHECK_PTRS2(x, dy);
+        MDL_CHECK((out) != NULL, "%s: dx must not be NULL", fn);
+    } else {
+        MDL_CHECK((x) != NULL && (out) != NULL, "%s: x and y must not be NULL", fn);
+    }
+    const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
+    const int avx2 = mdl_use_avx2() && g.vec_ok;
+    int nt = mdl_threads_for((double)planes * ((double)ohw * (double)(g.kh * g.kw) +
+                                               (back ? (double)hw : 0.0)));
+    float *planebuf = NULL;
+    if (in) {
+        planebuf = mdl_alloc((size_t)nt * (size_t)hw * sizeof(float));
+        if (!planebuf) return mdl_error(MDL_ERR_ALLOC, "%s: no memory for %d planes of %lld "
+                                        "floats", fn, nt, (long long)hw);
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        float *mine = NULL;
+        if (planebuf) {
+#ifdef _OPENMP
+            mine = planebuf + (size_t)omp_get_thread_num() * (size_t)hw;
+#else
+            mine = planebuf;
+#endif
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            const float *xp = x + p * hw;
+            if (mine) {
+                const mdl_affine_ch f = mdl_affine_at(in, p % s->c);
+                if (avx2) mdl_affine_row_avx2(xp, hw, f, mine);
+                else mdl_affine_row_scalar(xp, hw, f, mine);
+                xp = mine;
+            }
+            if (!back) {
+                if (avx2) mdl_max_pool_plane_avx2(&g, xp, out + p * ohw);
+                else mdl_max_pool_plane_scalar(&g, xp, out + p * ohw);
+            } else if (avx2) {
+                mdl_max_pool_back_plane_avx2(&g, xp, dy + p * ohw, out + p * hw);
+            } else {
+                mdl_max_pool_back_plane_scalar(&g, xp, dy + p * ohw, out + p * hw);
+            }
+        }
+    }
+    mdl_free(planebuf);
     return MDL_OK;
+}
+
+mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
+{
+    return max_pool(__func__, 0, s, x, NULL, NULL, y);
 }
 
 mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy,
                                    float *dx)
 {
-    const char *fn = __func__;
-    mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
-    if (st != MDL_OK) return st;
-    CHECK_PTRS2(x, dy);
-    MDL_CHECK_PTR(dx);
-    int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
-    int avx2 = mdl_use_avx2() && g.vec_ok;
-    PLANES(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
-           if (avx2) mdl_max_pool_back_plane_avx2(&g, x + p * in, dy + p * out, dx + p * in);
-           else mdl_max_pool_back_plane_scalar(&g, x + p * in, dy + p * out, dx + p * in));
-    return MDL_OK;
+    return max_pool(__func__, 1, s, x, NULL, dy, dx);
+}
+
+mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                        const mdl_affine *in, float *y)
+{
+    return max_pool(__func__, 0, s, x, in, NULL, y);
+}
+
+mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                         const mdl_affine *in, const float *dy, float *dx)
+{
+    return max_pool(__func__, 1, s, x, in, dy, dx);
 }
 
 mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)

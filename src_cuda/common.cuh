@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <type_traits>
 #include "minidl_cuda.h"
 
 /* Record `status` with a printf-style message for mdl_cuda_last_error() and return it. */
@@ -58,6 +59,13 @@ static inline mdl_affine_arg mdl_affine_of(const mdl_affine *a)
     if (a) r = {a->scale, a->shift, a->relu != 0};
     return r;
 }
+
+/* The map parameter of a kernel compiled with (FUSED) or without one: the plain
+ * kernels hold an empty placeholder instead, last, so that their parameters keep the
+ * layout (and the code) they have without it. */
+struct mdl_no_affine {};
+template <bool FUSED>
+using mdl_input_map = std::conditional_t<FUSED, mdl_affine_arg, mdl_no_affine>;
 
 /* scale and shift of `a` (if not NULL) both given or both NULL; `name` names it (the
  * message of src_c's checks). */

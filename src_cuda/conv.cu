@@ -14,7 +14,6 @@
  * stays 0); a template flag keeps it out of the plain kernels.
  * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1).
  * Argument checks as in src_c/conv.c (the shape check is shared: src_c/checks.h). */
-#include <type_traits>
 #include "gemm.cuh"
 #include "../src_c/checks.h"
 
@@ -54,12 +53,6 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 
 /* ---- the three GEMM problems (see gemm.cuh for the interface) ---------------------- */
 
-/* The input map of a FUSED problem; the plain ones hold an empty placeholder instead, last,
- * so that their kernel parameters keep the layout (and the code) they have without it. */
-struct no_affine {};
-template <bool FUSED>
-using input_map = std::conditional_t<FUSED, mdl_affine_arg, no_affine>;
-
 /* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow);
  * FUSED: col gathers in(x) */
 template <bool FUSED>
@@ -70,7 +63,7 @@ struct ConvForward {
     const float *x, *w, *bias;
     float *y;
     int relu;
-    input_map<FUSED> in;
+    mdl_input_map<FUSED> in;
 
     __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
     __device__ float b(int k, int j) const
@@ -134,7 +127,7 @@ struct ConvBackwardWeights {
     const float *x, *dy;
     float *dw, *part;
     int accumulate;
-    input_map<FUSED> in;
+    mdl_input_map<FUSED> in;
 
     __device__ float a(int i, int k) const
     {

@@ -4,7 +4,10 @@
  * counting the padding).  One thread per output element in the forwards; the
  * backwards are gathers, one thread per input element summing the windows
  * that contain it in row-major window order (the CPU's order: no atomics, and
- * max pooling's gradient is bit for bit the scalar reference's). */
+ * max pooling's gradient is bit for bit the scalar reference's).  The fused max
+ * pooling reads x through a per-channel affine map and ReLU (mdl_affine), applied
+ * to real pixels only as each window is read (padding never wins either way); a
+ * template flag keeps it out of the plain kernels. */
 #include <math.h>
 #include "common.cuh"
 #include "../src_c/checks.h"
@@ -14,6 +17,7 @@ namespace {
 struct pool_geom {
     int64_t planes;                 /* n * c */
     int h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+    int c;                          /* channels: plane p is channel p % c */
 };
 
 /* The window of output row (or column) o: [lo, hi) clipped to the input; span is
@@ -28,15 +32,19 @@ __device__ __forceinline__ void span(int o, int stride, int pad, int k, int size
     hi = min(end, size);
 }
 
-/* The window's maximum and its flat index in the plane (PyTorch's CPU rule). */
+/* The window's maximum and its flat index in the plane (PyTorch's CPU rule); FUSED:
+ * of in(x) for channel ch. */
+template <bool FUSED>
 __device__ __forceinline__ int window_argmax(const float *x, int w, int hs, int he, int ws, int we,
+                                             const mdl_input_map<FUSED> &in, int64_t ch,
                                              float &max)
 {
     int best = hs * w + ws;
     float m = -INFINITY;
     for (int ih = hs; ih < he; ih++)
         for (int iw = ws; iw < we; iw++) {
-            const float v = x[ih * w + iw];
+            float v = x[ih * w + iw];
+            if constexpr (FUSED) v = in(v, ch);
             if (v > m || isnan(v)) {
                 m = v;
                 best = ih * w + iw;
@@ -56,8 +64,9 @@ __device__ __forceinline__ void containing(int i, int stride, int pad, int k, in
     hi = min((i + pad) / stride, n_out - 1);
 }
 
-/* y (planes, ho, wo) = max over each window of x (planes, h, w) */
-__global__ void max_pool_fwd(pool_geom g, const float *x, float *y)
+/* y (planes, ho, wo) = max over each window of x (planes, h, w); FUSED: of in(x) */
+template <bool FUSED>
+__global__ void max_pool_fwd(pool_geom g, const float *x, float *y, mdl_input_map<FUSED> in)
 {
     const int64_t total = g.planes * g.ho * g.wo;
     for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
@@ -68,13 +77,16 @@ __global__ void max_pool_fwd(pool_geom g, const float *x, float *y)
         span(oh, g.sh, g.ph, g.kh, g.h, hs, he, sp);
         span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
         float m;
-        window_argmax(x + pl * g.h * g.w, g.w, hs, he, ws, we, m);
+        window_argmax<FUSED>(x + pl * g.h * g.w, g.w, hs, he, ws, we, in, pl % g.c, m);
         y[o] = m;
     }
 }
 
-/* dx (planes, h, w) = sum of dy over the windows whose first maximum is this element */
-__global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float *dx)
+/* dx (planes, h, w) = sum of dy over the windows whose first maximum is this element;
+ * FUSED: the maxima of in(x) */
+template <bool FUSED>
+__global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float *dx,
+                             mdl_input_map<FUSED> in)
 {
     const int64_t total = g.planes * g.h * g.w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -83,6 +95,7 @@ __global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float
         const int q = (int)(i - pl * g.h * g.w), ih = q / g.w, iw = q - ih * g.w;
         const float *xp = x + pl * g.h * g.w;
         const float *dyp = dy + pl * g.ho * g.wo;
+        const int64_t ch = pl % g.c;
         int oh0, oh1, ow0, ow1;
         containing(ih, g.sh, g.ph, g.kh, g.ho, oh0, oh1);
         containing(iw, g.sw, g.pw, g.kw, g.wo, ow0, ow1);
@@ -94,7 +107,8 @@ __global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float
                 int ws, we;
                 span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
                 float m;
-                if (window_argmax(xp, g.w, hs, he, ws, we, m) == q) acc += dyp[oh * g.wo + ow];
+                if (window_argmax<FUSED>(xp, g.w, hs, he, ws, we, in, ch, m) == q)
+                    acc += dyp[oh * g.wo + ow];
             }
         }
         dx[i] = acc;
@@ -189,7 +203,7 @@ static mdl_status geometry(const char *fn, const mdl_pool2d_shape *s, pool_geom 
                               "= %lld (each must be below 2^30)", fn, (long long)(s->h * s->w),
                               (long long)(ho * wo));
     *g = {s->n * s->c, (int)s->h, (int)s->w, (int)s->kh, (int)s->kw, (int)s->stride_h,
-          (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo};
+          (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo, (int)s->c};
     return MDL_OK;
 }
 
@@ -209,29 +223,67 @@ mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
-mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
-                                       mdl_cuda_stream stream)
+/* in: the map x is read through (NULL: x as it is) */
+static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const float *x,
+                              const mdl_affine *in, float *y, mdl_cuda_stream stream)
 {
-    const char *fn = __func__;
     pool_geom g;
     mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, in, "in");
     CHECK_PTRS2(x, y);
-    max_pool_fwd<<<mdl_ew_blocks(g.planes * g.ho * g.wo), MDL_EW_THREADS, 0, stream>>>(g, x, y);
+    const unsigned blocks = mdl_ew_blocks(g.planes * g.ho * g.wo);
+    if (in && (in->scale || in->relu)) /* otherwise the identity: the plain kernel */
+        max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_affine_of(in));
+    else
+        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, {});
     return mdl_cuda_launched(fn);
+}
+
+/* in: the map x is read through (NULL: x as it is) */
+static mdl_status max_backward(const char *fn, const mdl_pool2d_shape *s, const float *x,
+                               const mdl_affine *in, const float *dy, float *dx,
+                               mdl_cuda_stream stream)
+{
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, in, "in");
+    CHECK_PTRS2(x, dy);
+    MDL_CHECK_PTR_FN(fn, dx);
+    const unsigned blocks = mdl_ew_blocks(g.planes * g.h * g.w);
+    if (in && (in->scale || in->relu))
+        max_pool_bwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx,
+                                                                 mdl_affine_of(in));
+    else
+        max_pool_bwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx, {});
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
+                                       mdl_cuda_stream stream)
+{
+    return max_forward(__func__, s, x, NULL, y, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
                                         const float *dy, float *dx, mdl_cuda_stream stream)
 {
-    const char *fn = __func__;
-    pool_geom g;
-    mdl_status st = geometry(fn, s, &g);
-    if (st != MDL_OK) return st;
-    CHECK_PTRS2(x, dy);
-    MDL_CHECK_PTR(dx);
-    max_pool_bwd<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx);
-    return mdl_cuda_launched(fn);
+    return max_backward(__func__, s, x, NULL, dy, dx, stream);
+}
+
+mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
+                                             const mdl_affine *in, float *y,
+                                             mdl_cuda_stream stream)
+{
+    return max_forward(__func__, s, x, in, y, stream);
+}
+
+mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
+                                              const mdl_affine *in, const float *dy, float *dx,
+                                              mdl_cuda_stream stream)
+{
+    return max_backward(__func__, s, x, in, dy, dx, stream);
 }
 
 mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,

@@ -118,6 +118,12 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
     ("conv2d_backward_weights_fused",
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, None, f32, True, f32, f32, False),
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, 0, ADDR, True, ADDR, ADDR, False)),
+    ("max_pool2d_forward_fused",  # a map with a scale and no shift
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), f32, f32, None, True, f32),
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), ADDR, ADDR, 0, True, ADDR)),
+    ("max_pool2d_backward_fused",  # a ReLU alone, and an output too small
+     ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), f32, None, None, True, f32, f32),
+     ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), ADDR, 0, 0, True, ADDR, ADDR)),
     ("affine_add", (1, 0, 3, f32, None, None, False, None, None, None, False, False, f32),
      (1, 0, 3, ADDR, 0, 0, False, 0, 0, 0, False, False, ADDR)),
     ("batch_norm_stats", (4, 1, f64, f64, f32, f32, 1e-5, 0.1, None, None, f32, f32, f32, f32),

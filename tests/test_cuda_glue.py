@@ -72,6 +72,19 @@ def test_a_fused_conv_passes_its_input_map_and_none_is_null():
                     "channel_sum": 0, "channel_sumsq": 32, "ws": 0, "ws_bytes": 0}
 
 
+def test_a_fused_max_pool_passes_its_input_map_and_none_is_null():
+    dev, seen = _device(), {}
+
+    def max_pool2d_backward_fused(shape, x, in_scale, in_shift, in_relu, dy, dx, stream=0):
+        seen.update(x=x, in_scale=in_scale, in_shift=in_shift, in_relu=in_relu, dy=dy, dx=dx,
+                    stream=stream)
+    dev._launch("max_pool2d_backward_fused", max_pool2d_backward_fused,
+                ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), _array(dev, 8, (16,)), None, None, True,
+                 _array(dev, 16, (4,)), _array(dev, 24, (16,))))
+    assert seen == {"x": 8, "in_scale": 0, "in_shift": 0, "in_relu": True, "dy": 16, "dx": 24,
+                    "stream": 77}
+
+
 def test_batch_norm_stats_keeps_its_count():
     """count is one of _C's parameters here, not an element count to fill in."""
     dev, seen = _device(), {}

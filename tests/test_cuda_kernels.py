@@ -509,6 +509,77 @@ def test_conv2d_backward_weights_fused(gpu, rng, case, kind):
             check(got, gpu.down(pref, wt.shape), "conv", what + " against the input mapped first")
 
 
+# (n, c, h, w, kernel, stride, padding, ceil_mode)
+FUSED_POOL_SHAPES = [
+    (2, 3, 8, 8, 2, 2, 0, False),          # kernel 2, stride 2
+    (2, 4, 7, 9, 3, 2, 1, False),          # kernel 3, stride 2, padding 1
+    (3, 5, 9, 11, 3, 2, 1, True),          # ceil mode, padding
+    (2, 33, 32, 32, 3, 2, 0, True),        # cifar10_quick's pools (ceil mode)
+    (1, 2, 10, 10, 3, 1, 1, False),        # overlapping windows
+    (3, 2, 6, 5, (3, 2), (2, 1), (1, 0), True),
+]
+
+
+def premapped(gpu, px, x, psc, psh, in_relu):
+    """in(x) on the device (affine_add with no b: the same map and fmaf as the fused kernels)."""
+    n, c = x.shape[:2]
+    pxm = gpu.empty(x.shape)
+    run(cuda.affine_add, n, c, x[0, 0].size, px, psc, psh, in_relu, 0, 0, 0, False, False, pxm)
+    return pxm
+
+
+@pytest.mark.parametrize("case", FUSED_POOL_SHAPES)
+@pytest.mark.parametrize("kind", MAPS)
+def test_max_pool2d_fused(gpu, rng, case, kind):
+    """Forward and backward against _C's fused pair, and bit for bit against the plain
+    kernels on the input mapped beforehand.  With a ReLU about half of each window maps to
+    0: ties, which the first maximum wins."""
+    shape, (ho, wo), _ = pool_case(*case)
+    n, c, h, w = case[:4]
+    x, dy = f32(rng, n, c, h, w), f32(rng, n, c, ho, wo)
+    scale, shift, in_relu = affine_map(rng, kind, c)
+    want_y, want_dx = np.empty((n, c, ho, wo), np.float32), np.empty_like(x)
+    _C.max_pool2d_forward_fused(shape, x.ravel(), scale, shift, in_relu, want_y.ravel())
+    _C.max_pool2d_backward_fused(shape, x.ravel(), scale, shift, in_relu, dy.ravel(),
+                                 want_dx.ravel())
+    px, pdy, psc, psh = gpu.up(x), gpu.up(dy), dev(gpu, scale), dev(gpu, shift)
+    py, pdx = gpu.empty(want_y.shape), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward_fused, shape, px, psc, psh, in_relu, py)
+    run(cuda.max_pool2d_backward_fused, shape, px, psc, psh, in_relu, pdy, pdx)
+    got_y, got_dx = gpu.down(py, want_y.shape), gpu.down(pdx, x.shape)
+    check(got_y, want_y, "exact", "y")
+    check(got_dx, want_dx, "reduction", "dx")
+
+    pxm = premapped(gpu, px, x, psc, psh, in_relu)
+    pz, pdz = gpu.empty(want_y.shape), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward, shape, pxm, pz)
+    run(cuda.max_pool2d_backward, shape, pxm, pdy, pdz)
+    check(got_y, gpu.down(pz, want_y.shape), "exact", "y against the input mapped first")
+    check(got_dx, gpu.down(pdz, x.shape), "exact", "dx against the input mapped first")
+
+
+@pytest.mark.parametrize("kind", ["relu", "affine+relu"])
+def test_max_pool2d_fused_nan(gpu, rng, kind):
+    """A NaN passes the map's ReLU and wins its windows (the plain kernel's rule)."""
+    shape, (ho, wo), _ = pool_case(2, 3, 7, 7, 3, 2, 1, True)
+    x, dy = f32(rng, 2, 3, 7, 7), f32(rng, 2, 3, ho, wo)
+    x[0, 1, 2, 3] = x[1, 2, 0, 0] = x[1, 2, 6, 6] = np.nan
+    scale, shift, in_relu = affine_map(rng, kind, 3)
+    want_y, want_dx = np.empty((2, 3, ho, wo), np.float32), np.empty_like(x)
+    _C.max_pool2d_forward_fused(shape, x.ravel(), scale, shift, in_relu, want_y.ravel())
+    _C.max_pool2d_backward_fused(shape, x.ravel(), scale, shift, in_relu, dy.ravel(),
+                                 want_dx.ravel())
+    px, psc, psh = gpu.up(x), dev(gpu, scale), dev(gpu, shift)
+    py, pdx = gpu.empty(want_y.shape, fill=0.0), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward_fused, shape, px, psc, psh, in_relu, py)
+    run(cuda.max_pool2d_backward_fused, shape, px, psc, psh, in_relu, gpu.up(dy), pdx)
+    got_y = gpu.down(py, want_y.shape)
+    nan = np.isnan(want_y)
+    assert nan.any() and np.array_equal(np.isnan(got_y), nan)
+    check(got_y[~nan], want_y[~nan], "exact", "y where not NaN")
+    check(gpu.down(pdx, x.shape), want_dx, "reduction", "dx")
+
+
 @pytest.mark.parametrize("n, c, hw", [(1, 1, 1), (2, 3, 5), (4, 16, 64), (2, 64, 1000)])
 @pytest.mark.parametrize("a_kind", MAPS)
 @pytest.mark.parametrize("b_kind", MAPS + ["no b"])

@@ -460,8 +460,15 @@ class MaxPool2d(_Pool2d):
     def forward(self, xs, training, seed=0):
         return ops.max_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0]
 
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """A Mapped input read through its map ("mapped-in") and saved as it is: backward
+        recomputes the maxima from it."""
+        x, m = _unmapped(xs[0])
+        return ops.max_pool2d(x, self.kernel_size, **self._kw(), **m), xs[0], None
+
     def backward(self, dy, saved, need_dx=True):
-        return [ops.max_pool2d_backward(saved, dy, self.kernel_size, **self._kw())]
+        x, m = _unmapped(saved)
+        return [ops.max_pool2d_backward(x, dy, self.kernel_size, **self._kw(), **m)]
 
 
 class AvgPool2d(_Pool2d):

@@ -11,7 +11,7 @@ Conv+BatchNorm+ReLU for training:
   convolution's epilogue (per-channel sums while each output tile is in registers):
   conv tag "stats", BatchNorm tag "from-sums", no statistics pass;
 - if every reader of the BatchNorm (or of the ReLU that is its sole reader) is a
-  Conv2d or an Add, its output is never written: BatchNorm tag "mapped" (and the
+  Conv2d, an Add or a MaxPool2d, its output is never written: BatchNorm tag "mapped" (and the
   ReLU's), the readers' tag "mapped-in": they apply x * scale + shift and the ReLU
   as they read; backward recomputes them from the stored convolution output, the
   BatchNorm's backward masking for the ReLU (tag "masks-relu");
@@ -141,6 +141,9 @@ def _readers(net: Net) -> Dict[str, List[str]]:
     return readers
 
 
+MAPPED_READERS = ("Conv2d", "Add", "MaxPool2d")  # the layers that read a Mapped input
+
+
 def fusion(net: Net) -> Dict[str, List[str]]:
     """The fusion pass: tags per node name (the module doc says what each means)."""
     readers = _readers(net)
@@ -164,7 +167,7 @@ def fusion(net: Net) -> Dict[str, List[str]]:
             tag(k, "from-sums")
             relu = sole_reader(k, "ReLU")
             last = relu or k
-            if last != net.output and all(kind[r] in ("Conv2d", "Add") for r in readers[last]):
+            if last != net.output and all(kind[r] in MAPPED_READERS for r in readers[last]):
                 tag(k, "mapped", *(("masks-relu",) if relu else ()))
                 if relu:
                     tag(relu, "mapped")

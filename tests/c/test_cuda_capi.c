@@ -89,6 +89,14 @@ int main(void)
     EXPECT_ERROR(mdl_cuda_conv2d_backward_weights_fused(&big, p, &relu_only, p, p, 0, p, need - 1,
                                                         NULL),
                  MDL_ERR_WORKSPACE, "workspace has");
+    ps.pad_h = 0;
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_fused(&ps, p, &half, p, NULL), MDL_ERR_ARG,
+                 "in->scale and in->shift must both be given");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_fused(&ps, p, &relu_only, p, NULL, NULL),
+                 MDL_ERR_ARG, "dx must not be NULL");
+    ps.pad_h = 2;
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_fused(&ps, p, NULL, p, p, NULL), MDL_ERR_ARG,
+                 "pad_h must be in");
     EXPECT_ERROR(mdl_cuda_affine_add(2, 3, 4, p, &half, NULL, NULL, 1, p, NULL), MDL_ERR_ARG,
                  "fa->scale and fa->shift");
     EXPECT(mdl_cuda_affine_add(0, 3, 4, NULL, NULL, NULL, NULL, 0, NULL, NULL) == MDL_OK,
