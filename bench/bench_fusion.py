@@ -1,7 +1,7 @@
 """Fused against unfused Conv+BatchNorm+ReLU training, side by side in one run.
 
     python3 bench/bench_fusion.py [--models resnet20,resnet56,vgg11_bn] [--batch-size 128]
-                                  [--threads 2] [--repeats 5] [--steps 3]
+                                  [--threads 2] [--repeats 15] [--steps 1]
                                   [--json bench/results/fusion-DATE-COMMIT.json]
 
 For each model: the plan's figures for both plans (`bytes_moved`: the bytes the
@@ -9,9 +9,10 @@ kernels of a training step read and write; `activation_bytes`: what forward keep
 for backward; minidl.plan computes both from the shapes), then the training step
 time of the fused and the unfused plan on the same random batch, alternating
 (fused, unfused, unfused, fused, ...) for --repeats rounds of --steps timed steps
-each after one warm-up step; the median step of each, the ratio unfused / fused
-with the range over rounds, and per-layer-kind forward and backward times (from
-the executor's timings, two more steps each).  Prints a table; --json writes every
+each after one warm-up step; the median step of each, the median of the rounds'
+ratios unfused / fused with their range, and per-layer-kind forward and backward
+times (from the executor's timings: the median over five more steps each,
+alternating too).  Prints a table; --json writes every
 figure.
 """
 import argparse
@@ -50,18 +51,18 @@ def _steps(ex, opt, x, y, n):
     return times
 
 
-def _by_kind(ex, opt, x, y, steps=2):
-    """ms per step, forward and backward, added up per layer kind."""
+def _by_kind(ex, opt, x, y):
+    """One step's ms, forward and backward, added up per layer kind."""
     ex.timings = {}
-    _steps(ex, opt, x, y, steps)
+    _steps(ex, opt, x, y, 1)
     kinds = {}
     for s in ex.plan.steps:
         f, b = ex.timings.get(s.name, (0.0, 0.0))
         k = kinds.setdefault(s.kind, [0.0, 0.0])
-        k[0] += 1e3 * f / steps
-        k[1] += 1e3 * b / steps
+        k[0] += 1e3 * f
+        k[1] += 1e3 * b
     ex.timings = None
-    return {k: {"forward_ms": v[0], "backward_ms": v[1]} for k, v in kinds.items()}
+    return kinds
 
 
 def run(model, batch, repeats, steps):
@@ -82,11 +83,17 @@ def run(model, batch, repeats, steps):
     for i in range(repeats):
         for fuse in ((True, False) if i % 2 == 0 else (False, True)):
             rounds[fuse].append(statistics.median(_steps(*exs[fuse], x, y, steps)))
-    for fuse, (ex, opt) in exs.items():
+    layers = {True: [], False: []}
+    for i in range(5):
+        for fuse in ((True, False) if i % 2 == 0 else (False, True)):
+            layers[fuse].append(_by_kind(*exs[fuse], x, y))
+    for fuse in exs:
         key = "fused" if fuse else "unfused"
         r[key].update(step_ms=1e3 * statistics.median(rounds[fuse]),
                       rounds_ms=[1e3 * t for t in rounds[fuse]],
-                      layers=_by_kind(ex, opt, x, y))
+                      layers={k: {"forward_ms": statistics.median(s[k][0] for s in layers[fuse]),
+                                  "backward_ms": statistics.median(s[k][1] for s in layers[fuse])}
+                              for k in layers[fuse][0]})
     ratios = [u / f for u, f in zip(rounds[False], rounds[True])]
     r["speedup"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
     r["bytes_moved_reduction"] = 1 - r["fused"]["bytes_moved"] / r["unfused"]["bytes_moved"]
@@ -100,8 +107,8 @@ def main(argv=None):
     p.add_argument("--models", default="resnet20,resnet56,vgg11_bn")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--steps", type=int, default=1)
     p.add_argument("--json")
     a = p.parse_args(argv)
     minidl.set_num_threads(a.threads)

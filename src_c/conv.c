@@ -231,10 +231,8 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     /* and, last, the image read through an input map (mdl_conv2d_forward_fused) for the
      * paths that read it other than through the phase planes */
     const size_t img = FLOATS(s->c_in * s->h * s->w);
-    /* (the AVX-512 tiles' lane-wise channel sums use the packed B panel's space) */
     size_t per_f = max_size((in_f ? phase_floats(s) : FLOATS(g->pointwise ? 0 : g->K * g->P) + img) +
-                            FLOATS(max_size(mdl_sgemm_avx2_packed_b_floats(g->K),
-                                            32 * (size_t)s->c_out)),
+                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
                             winograd_thread(s, g->ho, g->wo) + img);
     size_t per_d = g->direct_data
                        ? max_size((in_d ? phase_floats(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
@@ -522,7 +520,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
         float *end = col + g->per_thread / sizeof(float);
         for (int64_t b = s->n * t / nt; b < s->n * (t + 1) / nt; b++) {
-            mdl_epilogue ep = {bias, relu, NULL, NULL, NULL};
+            mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
                 ep.row_sumsq = ep.row_sum + c_out;
@@ -531,24 +529,20 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
             if (in_place) {
                 phase_image(s, x + b * s->c_in * s->h * s->w, in, col);
-                /* the AVX-512 tiles sum lane-wise into bbuf (mdl_epilogue's lanes) */
-                if (avx512 && sums) {
-                    ep.lanes = bbuf;
-                    memset(bbuf, 0, (size_t)(32 * c_out) * sizeof(float));
-                }
+                /* the channel sums from the image's output while it is in the cache,
+                 * after its tiles: cheaper than a reduction per 16-pixel tile */
+                mdl_epilogue tiles = ep;
+                tiles.row_sum = tiles.row_sumsq = NULL;
+                const mdl_epilogue *te = bias || relu ? &tiles : NULL;
                 /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = y + b * c_out * P;
                 const int64_t half = g->wo == 8 ? wp : 8;
                 for (int64_t p = 0; p < P; p += 16) {
                     const int64_t oh = p / g->wo, ow = p % g->wo;
                     (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
-                        c_out, K, pa, col + oh * wp + ow, off, half, 0.0f, yb + p, P, e);
+                        c_out, K, pa, col + oh * wp + ow, off, half, 0.0f, yb + p, P, te);
                 }
-                for (int64_t c = 0; ep.lanes && c < c_out; c++)
-                    for (int l = 0; l < 16; l++) {
-                        ep.row_sum[c] += ep.lanes[32 * c + l];
-                        ep.row_sumsq[c] += ep.lanes[32 * c + 16 + l];
-                    }
+                if (sums) mdl_conv_row_sums_avx2(c_out, P, yb, ep.row_sum, ep.row_sumsq);
                 continue;
             }
             const float *src = input_image(s, x, b, in, end);

@@ -86,6 +86,32 @@ static void affine_row(float *d, const float *src, int64_t w, const mdl_affine *
     mdl_affine_row_avx2(src, w, mdl_affine_at(f, ch), d);
 }
 
+void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = y + r * P;
+        double s = 0.0, q = 0.0;
+        for (int64_t j0 = 0; j0 < P; j0 += 128) {
+            const int64_t j1 = j0 + 128 < P ? j0 + 128 : P;
+            __m256 a = _mm256_setzero_ps(), b = a;
+            int64_t j = j0;
+            for (; j + 8 <= j1; j += 8) {
+                const __m256 v = _mm256_loadu_ps(p + j);
+                a = _mm256_add_ps(a, v);
+                b = _mm256_fmadd_ps(v, v, b);
+            }
+            s += mdl_hsum_ps(a);
+            q += mdl_hsum_ps(b);
+            for (; j < j1; j++) {
+                s += p[j];
+                q += (double)p[j] * p[j];
+            }
+        }
+        sum[r] += s;
+        sumsq[r] += q;
+    }
+}
+
 void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
                                 float *tx)
 {

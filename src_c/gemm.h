@@ -31,15 +31,11 @@ static inline void mdl_gemm_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *
  * is still in registers: v = v + bias[row] (bias not NULL), v = max(v, 0) (relu),
  * then row_sum[row] += v and row_sumsq[row] += v * v over the row's elements
  * (row_sum not NULL; the sums of a 16-column tile are added in float, then to
- * the double).  Rows index C's rows.  With lanes (not NULL; only the AVX-512 rows
- * kernel, mdl_sgemm_avx512_packed_rows, takes it) the sums stay lane-wise instead,
- * without a horizontal sum per tile: lanes[32 row + l] += v and lanes[32 row + 16 +
- * l] += v * v for the tile's column l, for the caller to add up. */
+ * the double).  Rows index C's rows. */
 typedef struct mdl_epilogue {
     const float *bias;
     int relu;
     double *row_sum, *row_sumsq;
-    float *lanes;
 } mdl_epilogue;
 
 #if MDL_X86

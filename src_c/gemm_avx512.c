@@ -573,17 +573,13 @@ static inline __attribute__((always_inline)) __m512 pixels16(const float *p, int
 }
 
 /* + bias[row], max(0, .), then row_sum[row] and row_sumsq[row] += the 16 values'
- * sums, or their lanes added to ep->lanes (see mdl_epilogue) */
+ * sums (see mdl_epilogue) */
 static inline __attribute__((always_inline)) __m512
 rows_epilogue(const mdl_epilogue *ep, int64_t row, __m512 v)
 {
     if (ep->bias) v = _mm512_add_ps(v, _mm512_set1_ps(ep->bias[row]));
     if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-    if (ep->lanes) {
-        float *l = ep->lanes + 32 * row;
-        _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), v));
-        _mm512_storeu_ps(l + 16, _mm512_fmadd_ps(v, v, _mm512_loadu_ps(l + 16)));
-    } else if (ep->row_sum) {
+    if (ep->row_sum) {
         ep->row_sum[row] += _mm512_reduce_add_ps(v);
         ep->row_sumsq[row] += _mm512_reduce_add_ps(_mm512_mul_ps(v, v));
     }
