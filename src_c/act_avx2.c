@@ -4,6 +4,7 @@
 #if MDL_X86
 #include <immintrin.h>
 #include "act.h"
+#include "simd_avx2.h"
 
 void mdl_relu_forward_avx2(int64_t lo, int64_t hi, const float *x, float *y)
 {
@@ -37,24 +38,15 @@ void mdl_add_avx2(int64_t lo, int64_t hi, const float *a, const float *b, float 
     mdl_add_scalar(i, hi, a, b, y);
 }
 
-/* max(v, 0) when relu, keeping NaN (as mdl_relu_forward) */
-static inline __m256 relu8(__m256 v, int relu)
-{
-    return relu ? _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ), v) : v;
-}
-
 /* fa(x) for 8 values: x * s + t, then the ReLU when relu */
 static inline __m256 affine8(__m256 x, __m256 s, __m256 t, int relu)
 {
-    return relu8(_mm256_fmadd_ps(x, s, t), relu);
+    return mdl_relu8(_mm256_fmadd_ps(x, s, t), relu);
 }
 
 void mdl_affine_row_avx2(const float *src, int64_t n, mdl_affine_ch g, float *d)
 {
-    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t);
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(d + j, affine8(_mm256_loadu_ps(src + j), s, t, g.relu));
-    mdl_affine_row_scalar(src + j, n - j, g, d + j);
+    mdl_affine_row8(src, n, g, d);
 }
 
 void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const float *a,
@@ -71,7 +63,7 @@ void mdl_affine_add_avx2(int64_t r0, int64_t r1, int64_t c, int64_t hw, const fl
         for (; j + 8 <= hw; j += 8) {
             __m256 v = affine8(_mm256_loadu_ps(pa + j), sa, ta, ga.relu);
             if (pb) v = _mm256_add_ps(v, affine8(_mm256_loadu_ps(pb + j), sb, tb, gb.relu));
-            _mm256_storeu_ps(py + j, relu8(v, relu));
+            _mm256_storeu_ps(py + j, mdl_relu8(v, relu));
         }
         if (j < hw) mdl_affine_add_scalar(r, r + 1, j, c, hw, a, fa, b, fb, relu, y);
     }

@@ -76,14 +76,13 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 
 #define PHASE_LINE 1024 /* floats: rows up to this wide (padded) take the vector path */
 
-/* d[0, w) = src[0, w) read through channel ch's map of f (a copy when f is NULL) */
-static void affine_row(float *d, const float *src, int64_t w, const mdl_affine *f, int64_t ch)
+/* d[0, w) = src[0, w) read through the map g (a copy when there is no map) */
+static inline void affine_row(float *d, const float *src, int64_t w, int mapped, mdl_affine_ch g)
 {
-    if (!f) {
+    if (mapped)
+        mdl_affine_row8(src, w, g, d);
+    else
         memcpy(d, src, (size_t)w * sizeof(float));
-        return;
-    }
-    mdl_affine_row_avx2(src, w, mdl_affine_at(f, ch), d);
 }
 
 void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq)
@@ -115,7 +114,7 @@ void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum
 void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
                                 float *tx)
 {
-    for (int64_t ch = 0; ch < c; ch++) affine_row(tx + ch * hw, x + ch * hw, hw, in, ch);
+    for (int64_t ch = 0; ch < c; ch++) mdl_affine_row8(x + ch * hw, hw, mdl_affine_at(in, ch), tx + ch * hw);
 }
 
 void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
@@ -130,7 +129,8 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
     float line[PHASE_LINE] __attribute__((aligned(32))), out[PHASE_LINE / 2];
     if (line_path) memset(line, 0, sizeof line);
     memset(xp, 0, (size_t)(s->c_in * nr * nq * plane) * sizeof(float)); /* the padding */
-    for (int64_t ci = 0; ci < s->c_in; ci++)
+    for (int64_t ci = 0; ci < s->c_in; ci++) {
+        const mdl_affine_ch g = mdl_affine_at(in, ci);
         for (int64_t r = 0; r < nr; r++)
             for (int64_t y = 0; y < rows; y++) {
                 const int64_t ih = sh * y + r - s->pad_h;
@@ -138,12 +138,12 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                 if (ih < 0 || ih >= s->h) continue;
                 const float *src = x + (ci * s->h + ih) * s->w;
                 if (sw == 1) { /* the padded row */
-                    affine_row(d + s->pad_w, src, s->w, in, ci);
+                    affine_row(d + s->pad_w, src, s->w, in != NULL, g);
                     continue;
                 }
                 if (line_path) {
                     /* line[p] = padded column p; only [pad_w, pad_w + w) is ever non-zero */
-                    affine_row(line + s->pad_w, src, s->w, in, ci);
+                    affine_row(line + s->pad_w, src, s->w, in != NULL, g);
                     for (int64_t q = 0; q < nq; q++) {
                         for (int64_t c = 0; c < vcols; c += 8)
                             _mm256_storeu_ps(out + c, mdl_even_lanes(
@@ -153,13 +153,13 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                     }
                     continue;
                 }
-                const mdl_affine_ch g = mdl_affine_at(in, ci);
                 for (int64_t q = 0; q < nq; q++)
                     for (int64_t c = 0; c < cols; c++) {
                         const int64_t iw = sw * c + q - s->pad_w;
                         d[q * plane + c] = iw >= 0 && iw < s->w ? mdl_affine_apply(src[iw], g) : 0.0f;
                     }
             }
+    }
 }
 
 /* sum of p[0, count) */

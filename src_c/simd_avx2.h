@@ -3,6 +3,24 @@
 #define MDL_SIMD_AVX2_H
 #include <immintrin.h>
 #include <stdint.h>
+#include "common.h"
+
+/* max(v, 0) when relu, keeping NaN (as mdl_relu_forward) */
+static inline __m256 mdl_relu8(__m256 v, int relu)
+{
+    return relu ? _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ), v) : v;
+}
+
+/* d[0, n) = src[0, n) read through one channel's map g (mdl_affine_apply); d may
+ * equal src */
+static inline void mdl_affine_row8(const float *src, int64_t n, mdl_affine_ch g, float *d)
+{
+    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(d + j, mdl_relu8(_mm256_fmadd_ps(_mm256_loadu_ps(src + j), s, t), g.relu));
+    for (; j < n; j++) d[j] = mdl_affine_apply(src[j], g);
+}
 
 /* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
 static inline __m256i mdl_lane_mask(int64_t lo, int64_t hi)
