@@ -191,6 +191,12 @@ MDL_API mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const flo
 MDL_API mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                             const float *w, float *dx,
                                             void *workspace, size_t workspace_bytes);
+/* dx = or += (accumulate non-zero) conv_transpose(dy, w): the sum with another
+ * gradient of the same input (a residual block's) made by the kernel's store
+ * instead of a separate pass. */
+MDL_API mdl_status mdl_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float *dy,
+                                                  const float *w, float *dx, int accumulate,
+                                                  void *workspace, size_t workspace_bytes);
 /* dw (c_out, c_in, kh, kw) = or += correlation of x with dy. */
 MDL_API mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
                                                const float *dy, float *dw, int accumulate,

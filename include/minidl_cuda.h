@@ -144,6 +144,14 @@ MDL_API mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, cons
                                                  const float *w, float *dx,
                                                  void *workspace, size_t workspace_bytes,
                                                  mdl_cuda_stream stream);
+/* dx = or += (accumulate non-zero) conv_transpose(dy, w) (see
+ * mdl_conv2d_backward_data_fused): the sum made in the GEMM's store, with the same
+ * workspace as backward_data. */
+MDL_API mdl_status mdl_cuda_conv2d_backward_data_fused(const mdl_conv2d_shape *s,
+                                                       const float *dy, const float *w, float *dx,
+                                                       int accumulate, void *workspace,
+                                                       size_t workspace_bytes,
+                                                       mdl_cuda_stream stream);
 /* dw (c_out, c_in, kh, kw) = or += correlation of x with dy. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
                                                     const float *dy, float *dw, int accumulate,

@@ -58,6 +58,9 @@ cdef extern from "minidl.h" nogil:
                                         float *y, void *workspace, size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
                                         float *dx, void *workspace, size_t workspace_bytes)
+    mdl_status mdl_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float *dy,
+                                              const float *w, float *dx, int accumulate,
+                                              void *workspace, size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x, const float *dy,
                                            float *dw, int accumulate, void *workspace,
                                            size_t workspace_bytes)

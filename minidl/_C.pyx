@@ -174,6 +174,16 @@ def conv2d_backward_data(tuple shape, const float[::1] dy, const float[::1] w, f
     check(st)
 
 
+def conv2d_backward_data_fused(tuple shape, const float[::1] dy, const float[::1] w,
+                               float[::1] dx, bint accumulate, float[::1] ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_conv2d_backward_data_fused(&cs, cptr(dy), cptr(w), mptr(dx), accumulate,
+                                            wptr(ws), wbytes(ws))
+    check(st)
+
+
 def conv2d_backward_weights(tuple shape, const float[::1] x, const float[::1] dy, float[::1] dw,
                             bint accumulate=False, float[::1] ws=None):
     cdef mdl_conv2d_shape cs = conv_shape(shape)

@@ -35,6 +35,10 @@ cdef extern from "minidl_cuda.h" nogil:
     mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                              const float *w, float *dx, void *workspace,
                                              size_t workspace_bytes, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float *dy,
+                                                   const float *w, float *dx, int accumulate,
+                                                   void *workspace, size_t workspace_bytes,
+                                                   mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x,
                                                 const float *dy, float *dw, int accumulate,
                                                 void *workspace, size_t workspace_bytes,

@@ -160,6 +160,17 @@ def conv2d_backward_data(tuple shape, uintptr_t dy, uintptr_t w, uintptr_t dx, u
     check(st)
 
 
+def conv2d_backward_data_fused(tuple shape, uintptr_t dy, uintptr_t w, uintptr_t dx,
+                               bint accumulate, uintptr_t ws=0, size_t ws_bytes=0,
+                               uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_backward_data_fused(&cs, cptr(dy), cptr(w), mptr(dx), accumulate,
+                                                 <void *>ws, ws_bytes, sptr(stream))
+    check(st)
+
+
 def conv2d_backward_weights(tuple shape, uintptr_t x, uintptr_t dy, uintptr_t dw,
                             bint accumulate=False, uintptr_t ws=0, size_t ws_bytes=0,
                             uintptr_t stream=0):

@@ -308,7 +308,7 @@ def conv2d_fused(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *
 def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: IntPair = 1,
                     padding: IntPair = 0, need_dx: bool = True, need_db: bool = True,
                     x_scale: Optional[np.ndarray] = None, x_shift: Optional[np.ndarray] = None,
-                    x_relu: bool = False
+                    x_relu: bool = False, add_dx_to: Optional[np.ndarray] = None
                     ) -> Tuple[Optional[np.ndarray], np.ndarray, Optional[np.ndarray]]:
     """Gradients of conv2d(x, w, b, stride=stride, padding=padding) given dy = dL/dy.
 
@@ -318,7 +318,10 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
     and db None when need_db is False (a convolution without bias).  With x_scale,
     x_shift and x_relu (conv2d_fused's input map), the gradients of the convolution of
     the mapped input: dw recomputes it as each image is read, and dx is the gradient
-    with respect to the mapped input, not x.
+    with respect to the mapped input, not x.  add_dx_to: an existing gradient of x
+    (x's shape, C-contiguous writable float32) that dx is added to in place, in the
+    kernel's store (a residual block's sum of gradients without a pass of its own);
+    it is returned as dx.
     """
     x, w, _, shape, ho, wo = _conv_args(x, w, None, stride, padding)
     x_scale, x_shift = _input_map(x, x_scale, x_shift)
@@ -327,8 +330,14 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
     if dy.shape != (n, c_out, ho, wo):
         raise ValueError(f"dy must have the output shape (N, C_out, H_out, W_out) = "
                          f"{(n, c_out, ho, wo)}, got {dy.shape}")
-    k = _kernels(x=x, w=w, dy=dy, x_scale=x_scale, x_shift=x_shift)
-    dx = _empty(x, x.shape) if need_dx else None
+    if add_dx_to is not None:
+        if not need_dx:
+            raise ValueError("add_dx_to needs need_dx=True")
+        _inout("add_dx_to", add_dx_to, x.shape)
+        if _overlap(add_dx_to, dy) or _overlap(add_dx_to, x):
+            raise ValueError("add_dx_to must not overlap x or dy")
+    k = _kernels(x=x, w=w, dy=dy, x_scale=x_scale, x_shift=x_shift, add_dx_to=add_dx_to)
+    dx = add_dx_to if add_dx_to is not None else _empty(x, x.shape) if need_dx else None
     dw = _empty(x, w.shape)
     db = _empty(x, (c_out,)) if need_db else None
     if n == 0:
@@ -341,7 +350,10 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
         ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
     else:
         ws = _workspace(k, x, "conv2d_workspace_size", shape)
-    if need_dx:
+    if add_dx_to is not None:
+        k.conv2d_backward_data_fused(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), True,
+                                     ws)
+    elif need_dx:
         k.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
     if x_scale is None and not x_relu:
         k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
@@ -953,6 +965,7 @@ def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray,
 # ---- device= ----------------------------------------------------------------------
 
 _IN_PLACE = {"sgemm": ("out",), "batch_norm": ("running_mean", "running_var"),
+             "conv2d_backward": ("add_dx_to",),
              "batch_norm_stats": ("running_mean", "running_var"),
              "sgd_step": ("param", "momentum_buffer"),
              "adam_step": ("param", "exp_avg", "exp_avg_sq")}

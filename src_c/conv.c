@@ -329,9 +329,9 @@ static void forward_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, co
     }
 }
 
-/* dx (n, c_in, h, w) = the transpose of forward_scalar applied to dy, overwritten */
+/* dx (n, c_in, h, w) = (or +=, accumulate) the transpose of forward_scalar applied to dy */
 static void backward_data_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
-                                 const float *dy, const float *w, float *dx)
+                                 const float *dy, const float *w, float *dx, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, h = s->h, wd = s->w, kh = s->kh, kw = s->kw;
     const int64_t planes = s->n * c_in;
@@ -340,7 +340,7 @@ static void backward_data_scalar(const mdl_conv2d_shape *s, int64_t ho, int64_t 
     for (int64_t pl = 0; pl < planes; pl++) {
         int64_t b = pl / c_in, ci = pl % c_in;
         float *dxp = dx + pl * h * wd;
-        for (int64_t k = 0; k < h * wd; k++) dxp[k] = 0.0f;
+        for (int64_t k = 0; k < h * wd && !accumulate; k++) dxp[k] = 0.0f;
         for (int64_t co = 0; co < c_out; co++) {
             const float *dyp = dy + (b * c_out + co) * ho * wo;
             const float *wk = w + (co * c_in + ci) * kh * kw;
@@ -408,7 +408,7 @@ float mdl_conv_sum_scalar(const float *p, int64_t count)
 /* dx[0, nb) = col2im of the column matrix (K, nb * P): the (image, input channel)
  * planes are split among the threads */
 static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *col, int64_t nb,
-                   float *dx)
+                   float *dx, int accumulate)
 {
 #if MDL_X86
     const int64_t c_in = s->c_in, total = nb * c_in, ld = nb * g->P, image = c_in * s->h * s->w;
@@ -418,7 +418,8 @@ static void col2im(const mdl_conv2d_shape *s, const conv_geom *g, const float *c
     for (int t = 0; t < nt; t++) {
         for (int64_t q = total * t / nt, end = total * (t + 1) / nt; q < end;) {
             int64_t b = q / c_in, c0 = q % c_in, c1 = c_in < c0 + end - q ? c_in : c0 + end - q;
-            mdl_conv_col2im_avx2(s, g->ho, g->wo, col + b * g->P, ld, dx + b * image, c0, c1);
+            mdl_conv_col2im_avx2(s, g->ho, g->wo, col + b * g->P, ld, dx + b * image, c0, c1,
+                                 accumulate);
             q += c1 - c0;
         }
     }
@@ -498,7 +499,8 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
  * and are added up over the images in order by the caller. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                       const mdl_affine *in, int wino, const float *pa, const float *bias,
-                      int relu, double *sums, float *y, float *ws, size_t avail, int nt)
+                      int relu, double *sums, float beta, float *y, float *ws, size_t avail,
+                      int nt)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P;
@@ -540,7 +542,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 for (int64_t p = 0; p < P; p += 16) {
                     const int64_t oh = p / g->wo, ow = p % g->wo;
                     (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
-                        c_out, K, pa, col + oh * wp + ow, off, half, 0.0f, yb + p, P, te);
+                        c_out, K, pa, col + oh * wp + ow, off, half, beta, yb + p, P, te);
                 }
                 if (sums) mdl_conv_row_sums_avx2(c_out, P, yb, ep.row_sum, ep.row_sumsq);
                 continue;
@@ -554,12 +556,12 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
                 src = col;
             }
-            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, 0.0f, y + b * c_out * P, P, e, bbuf);
+            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, beta, y + b * c_out * P, P, e, bbuf);
         }
     }
 #else
     (void)s, (void)g, (void)x, (void)in, (void)wino, (void)pa, (void)bias, (void)relu, (void)sums;
-    (void)y;
+    (void)beta, (void)y;
     (void)ws, (void)avail, (void)nt;
 #endif
 }
@@ -713,7 +715,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
     pack_weights(s, &g, wino, w, pa);
-    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, y, ws, avail,
+    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, 0.0f, y, ws, avail,
               mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
@@ -744,31 +746,33 @@ mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
                    workspace_bytes);
 }
 
-/* dx (n, c_in, h, w) = conv_transpose(dy (n, c_out, ho, wo), w), overwritten */
-mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
-                                    float *dx, void *workspace, size_t workspace_bytes)
+/* dx (n, c_in, h, w) = (or +=, accumulate) conv_transpose(dy (n, c_out, ho, wo), w) */
+static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const float *dy,
+                                const float *w, float *dx, int accumulate, void *workspace,
+                                size_t workspace_bytes)
 {
     conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
+    mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(w);
-    MDL_CHECK_PTR(dx);
+    MDL_CHECK_PTR_FN(fn, dy);
+    MDL_CHECK_PTR_FN(fn, w);
+    MDL_CHECK_PTR_FN(fn, dx);
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
     size_t avail;
-    st = take_workspace(__func__, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
+    st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
-        backward_data_scalar(s, g.ho, g.wo, dy, w, dx);
+        backward_data_scalar(s, g.ho, g.wo, dy, w, dx, accumulate);
         return MDL_OK;
     }
+    const float beta = accumulate ? 1.0f : 0.0f;
     const int64_t c_out = s->c_out, K = g.K, P = g.P, image = s->c_in * s->h * s->w;
     mdl_conv2d_shape t;
     if (transposed_shape(s, &g, &t)) { /* dx = conv(dy, flipped w), one image at a time */
         conv_geom gt;
-        geometry(__func__, &t, &gt);
+        geometry(fn, &t, &gt);
         gt.fixed = g.fixed; /* the workspace layout is this op's, sized for both */
         gt.per_thread = g.per_thread;
         const int64_t kk = s->kh * s->kw, Kt = gt.K;
@@ -777,9 +781,9 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
             for (int64_t ci = 0; ci < s->c_in; ci++)
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
-        const int wino = use_winograd(&t, s->w);
+        const int wino = !accumulate && use_winograd(&t, s->w); /* Winograd overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
-        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, dx, ws, avail,
+        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, beta, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
         mdl_free(owned);
         return MDL_OK;
@@ -789,17 +793,30 @@ mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, 
         const int64_t nb = s->n - b < g.B ? s->n - b : g.B;
         const float *dyb = dy + b * c_out * P;
         if (g.pointwise) { /* dx = W^T @ dy directly */
-            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, 0.0f, dx + b * image, P,
+            st = mdl_sgemm(1, 0, K, P, c_out, 1.0f, w, K, dyb, P, beta, dx + b * image, P,
                            gemm_ws, g.gemm_bytes);
             continue;
         }
         chunk_gather(&g, c_out, nb, dyb, outbuf);
         st = mdl_sgemm(1, 0, K, nb * P, c_out, 1.0f, w, K, outbuf, nb * P, 0.0f, colbuf, nb * P,
                        gemm_ws, g.gemm_bytes);
-        if (st == MDL_OK) col2im(s, &g, colbuf, nb, dx + b * image);
+        if (st == MDL_OK) col2im(s, &g, colbuf, nb, dx + b * image, accumulate);
     }
     mdl_free(owned);
     return st;
+}
+
+mdl_status mdl_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy, const float *w,
+                                    float *dx, void *workspace, size_t workspace_bytes)
+{
+    return backward_data(__func__, s, dy, w, dx, 0, workspace, workspace_bytes);
+}
+
+mdl_status mdl_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float *dy,
+                                          const float *w, float *dx, int accumulate,
+                                          void *workspace, size_t workspace_bytes)
+{
+    return backward_data(__func__, s, dy, w, dx, accumulate, workspace, workspace_bytes);
 }
 
 /* dw (c_out, c_in, kh, kw) = or += sum over images of dy[b] (c_out, P) @ col[b]^T (P, K),

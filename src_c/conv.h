@@ -32,10 +32,10 @@ float mdl_conv_sum_scalar(const float *p, int64_t count);
 void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *x,
                           float *col, int64_t ld, int64_t r0, int64_t r1);
 /* One image: the planes of input channels [c0, c1) of dx (c_in, h, w) =
- * col2im(col), overwritten; col is (c_in*kh*kw, ho*wo) with row stride ld.  The
+ * col2im(col), overwritten (or added to: accumulate); col is (c_in*kh*kw, ho*wo) with row stride ld.  The
  * adjoint of im2col. */
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
-                          int64_t ld, float *dx, int64_t c0, int64_t c1);
+                          int64_t ld, float *dx, int64_t c0, int64_t c1, int accumulate);
 float mdl_conv_sum_avx2(const float *p, int64_t count);
 /* One image's phase planes xp (c_in, nr, nq, rows, cols): plane (r, q) holds the
  * pixels (stride_h * y + r, stride_w * x + q) of x (c_in, h, w) padded with zeros, x read

@@ -210,12 +210,12 @@ static inline void scatter2_add_row(float *dst, const float *src, int64_t count)
 /* dx planes [c0, c1) = col2im(col): each col row (ci, i, j) is added back at
  * its kernel offset; vector loops for stride_w 1 and 2. */
 void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *col,
-                          int64_t ld, float *dx, int64_t c0, int64_t c1)
+                          int64_t ld, float *dx, int64_t c0, int64_t c1, int accumulate)
 {
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w, sh = s->stride_h;
     for (int64_t ci = c0; ci < c1; ci++) {
         float *plane = dx + ci * h * w;
-        memset(plane, 0, (size_t)(h * w) * sizeof(float));
+        if (!accumulate) memset(plane, 0, (size_t)(h * w) * sizeof(float));
         for (int64_t i = 0; i < kh; i++) {
             int64_t oh0, oh1;
             mdl_conv_valid_range(h, ho, sh, s->pad_h, i, &oh0, &oh1);

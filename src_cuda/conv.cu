@@ -5,14 +5,16 @@
  *   forward           y (c_out, n*P)     = w (c_out, K) @ col (K, n*P)          + bias,
  *                     ReLU in the store; channel sums (forward_ex) a block per channel
  *   backward_data     dx (c_in, n*h*w)   = w^T gathered (c_in, c_out*kh*kw) @ dy gathered
- *                     (the transposed convolution as a gather: no scatter, no atomics)
+ *                     (the transposed convolution as a gather: no scatter, no atomics; each
+ *                     dx element is one GEMM output, stored once, so += is a read in the store)
  *   backward_weights  dw (c_out, K)      = dy (c_out, n*P) @ col^T (n*P, K), split over n*P
  *                     into slices whose partial sums the workspace holds, added in order
  *   backward_bias     db (c_out)         = sum of dy over n and P, a block per channel
  * The fused forward and weight gradient read x through a per-channel affine map and
  * ReLU (mdl_affine), applied in the gather of col to real pixels only (the padding
  * stays 0); a template flag keeps it out of the plain kernels.
- * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1).
+ * dx, dw and db are overwritten (accumulate 0) or added to (1); the plain backward_data
+ * overwrites.
  * Argument checks as in src_c/conv.c (the shape check is shared: src_c/checks.h). */
 #include "gemm.cuh"
 #include "../src_c/checks.h"
@@ -85,14 +87,16 @@ struct ConvForward {
     }
 };
 
-/* dx (n, c_in, h*w) = sum over (co, r, s) of w[co, ci, r, s] * dy[img, co, oh, ow] where
- * ih = oh*sh - ph + r, iw = ow*sw - pw + s: i = ci, k = (co, r, s), j = (img, ih, iw) */
+/* dx (n, c_in, h*w) = (or +=, accumulate) sum over (co, r, s) of w[co, ci, r, s] *
+ * dy[img, co, oh, ow] where ih = oh*sh - ph + r, iw = ow*sw - pw + s: i = ci, k = (co, r, s),
+ * j = (img, ih, iw).  Launched without a K split, so each element is stored exactly once. */
 struct ConvBackwardData {
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
     int M, N, K, kchunk;
     conv_geom g;
     const float *dy, *w;
     float *dx;
+    int accumulate;
 
     __device__ float a(int i, int k) const
     {
@@ -112,7 +116,8 @@ struct ConvBackwardData {
     __device__ void store(int i, int j, float acc, int) const
     {
         const int hw = g.h * g.w, img = j / hw, q = j - img * hw;
-        dx[((int64_t)img * g.c_in + i) * hw + q] = acc;
+        const int64_t at = ((int64_t)img * g.c_in + i) * hw + q;
+        dx[at] = accumulate ? dx[at] + acc : acc;
     }
 };
 
@@ -295,21 +300,37 @@ mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float 
                    workspace_bytes, stream);
 }
 
+/* dx = (or +=, accumulate) conv_transpose(dy, w) */
+static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const float *dy,
+                                const float *w, float *dx, int accumulate, void *workspace,
+                                size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    conv_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR_FN(fn, dy);
+    MDL_CHECK_PTR_FN(fn, w);
+    MDL_CHECK_PTR_FN(fn, dx);
+    if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
+    const int kt = g.c_out * g.kh * g.kw;
+    ConvBackwardData p = {g.c_in, g.n * g.h * g.w, kt, kt, g, dy, w, dx, accumulate != 0};
+    mdl::gemm_launch(p, 1, stream); /* one k slice: the store sees the whole sum */
+    return mdl_cuda_launched(fn);
+}
+
 mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                          const float *w, float *dx, void *workspace,
                                          size_t workspace_bytes, mdl_cuda_stream stream)
 {
-    conv_geom g;
-    mdl_status st = geometry(__func__, s, &g);
-    if (st != MDL_OK) return st;
-    MDL_CHECK_PTR(dy);
-    MDL_CHECK_PTR(w);
-    MDL_CHECK_PTR(dx);
-    if ((st = check_workspace(__func__, g, workspace, workspace_bytes)) != MDL_OK) return st;
-    const int kt = g.c_out * g.kh * g.kw;
-    ConvBackwardData p = {g.c_in, g.n * g.h * g.w, kt, kt, g, dy, w, dx};
-    mdl::gemm_launch(p, 1, stream);
-    return mdl_cuda_launched(__func__);
+    return backward_data(__func__, s, dy, w, dx, 0, workspace, workspace_bytes, stream);
+}
+
+mdl_status mdl_cuda_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float *dy,
+                                               const float *w, float *dx, int accumulate,
+                                               void *workspace, size_t workspace_bytes,
+                                               mdl_cuda_stream stream)
+{
+    return backward_data(__func__, s, dy, w, dx, accumulate, workspace, workspace_bytes, stream);
 }
 
 /* in: the map x is read through (NULL: x as it is) */

@@ -115,6 +115,9 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
     ("conv2d_forward_fused",  # a map with a scale and no shift
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, f32, None, True, f32, None, False, None, None, f32),
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, ADDR, 0, True, ADDR, 0, False, 0, 0, ADDR)),
+    ("conv2d_backward_data_fused",  # dx NULL
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, f32, None, True),
+     ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, ADDR, 0, True)),
     ("conv2d_backward_weights_fused",
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, None, f32, True, f32, f32, False),
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, 0, ADDR, True, ADDR, ADDR, False)),
@@ -149,6 +152,8 @@ def test_workspace_too_small():
     assert need > 0
     with pytest.raises(ValueError, match=f"workspace has {need - 1} bytes, needs {need}"):
         cuda.conv2d_backward_weights(shape, ADDR, ADDR, ADDR, False, ADDR, need - 1)
+    with pytest.raises(ValueError, match=f"workspace has {need - 1} bytes, needs {need}"):
+        cuda.conv2d_backward_data_fused(shape, ADDR, ADDR, ADDR, True, ADDR, need - 1)
 
 
 def test_too_large_for_the_gpu_kernels_is_minidl_error():

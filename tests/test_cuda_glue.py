@@ -72,6 +72,23 @@ def test_a_fused_conv_passes_its_input_map_and_none_is_null():
                     "channel_sum": 0, "channel_sumsq": 32, "ws": 0, "ws_bytes": 0}
 
 
+def test_backward_data_fused_passes_accumulate_and_its_workspace():
+    dev, seen = _device(), {}
+
+    def conv2d_backward_data_fused(shape, dy, w, dx, accumulate, ws=0, ws_bytes=0, stream=0):
+        seen.update(dy=dy, w=w, dx=dx, accumulate=accumulate, ws=ws, ws_bytes=ws_bytes,
+                    stream=stream)
+    dev._launch("conv2d_backward_data_fused", conv2d_backward_data_fused,
+                ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), _array(dev, 8, (4,)), _array(dev, 16, (1,)),
+                 _array(dev, 24, (4,)), True, _array(dev, 64, (10,))))
+    assert seen == {"dy": 8, "w": 16, "dx": 24, "accumulate": True, "ws": 64, "ws_bytes": 40,
+                    "stream": 77}
+    dev._launch("conv2d_backward_data_fused", conv2d_backward_data_fused,
+                ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), _array(dev, 8, (4,)), _array(dev, 16, (1,)),
+                 _array(dev, 24, (4,)), False, None))
+    assert seen["accumulate"] is False and seen["ws"] == 0 and seen["ws_bytes"] == 0
+
+
 def test_a_fused_max_pool_passes_its_input_map_and_none_is_null():
     dev, seen = _device(), {}
 

@@ -509,6 +509,42 @@ def test_conv2d_backward_weights_fused(gpu, rng, case, kind):
             check(got, gpu.down(pref, wt.shape), "conv", what + " against the input mapped first")
 
 
+# (n, c_in, h, w, c_out, kh, kw, stride, padding)
+BACKWARD_DATA_FUSED_SHAPES = [
+    (2, 3, 7, 5, 4, 3, 3, 1, 1),           # stride 1, padding 1
+    (3, 5, 9, 9, 7, 3, 3, 2, 1),           # stride 2, padding 1
+    (4, 3, 11, 13, 5, 5, 5, 2, 2),         # stride 2, 5x5
+    (1, 16, 8, 8, 33, 1, 1, 1, 0),         # 1x1
+    (8, 40, 12, 12, 70, 3, 3, 1, 1),       # c_in > 32: 64 x 64 tiles
+]
+
+
+@pytest.mark.parametrize("case", BACKWARD_DATA_FUSED_SHAPES)
+def test_conv2d_backward_data_fused(gpu, rng, case):
+    """dx = and += conv_transpose(dy, w) against _C's fused kernel, and bit for bit against
+    the plain backward_data: = is its result, += is the start plus its result (the whole
+    sum added once, in the store)."""
+    shape, _, x, wt, _, dy, _ = conv_case(rng, *case)
+    pw, pdy = gpu.up(wt), gpu.up(dy)
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
+    pplain = gpu.empty(x.shape)
+    run(cuda.conv2d_backward_data, shape, pdy, pw, pplain)
+    plain = gpu.down(pplain, x.shape)
+    start = f32(rng, *x.shape)
+    for accumulate in (False, True):
+        want = start.copy()
+        _C.conv2d_backward_data_fused(shape, dy.ravel(), wt.ravel(), want.ravel(), accumulate)
+        for use_ws in (True, False):
+            args = (ws, ws_bytes) if use_ws else ()
+            what = f"dx {'+=' if accumulate else '='} (workspace {use_ws})"
+            pdx = gpu.up(start) if accumulate else gpu.empty(x.shape)  # NaN: = must not read it
+            run(cuda.conv2d_backward_data_fused, shape, pdy, pw, pdx, accumulate, *args)
+            got = gpu.down(pdx, x.shape)
+            check(got, want, "conv", what)
+            check(got, start + plain if accumulate else plain, "exact",
+                  what + " against the plain backward_data")
+
+
 # (n, c, h, w, kernel, stride, padding, ceil_mode)
 FUSED_POOL_SHAPES = [
     (2, 3, 8, 8, 2, 2, 0, False),          # kernel 2, stride 2
@@ -824,4 +860,6 @@ def test_bad_argument_raises(gpu):
     need = cuda.conv2d_workspace_size(shape)
     with pytest.raises(ValueError, match="workspace has"):
         cuda.conv2d_backward_weights(shape, px, px, px, False, px, need - 1)
+    with pytest.raises(ValueError, match="mdl_cuda_conv2d_backward_data_fused: dy must not be"):
+        cuda.conv2d_backward_data_fused((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), 0, px, px, True)
     cuda.synchronize()  # nothing was launched, nothing failed

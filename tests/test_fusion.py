@@ -79,6 +79,29 @@ def test_conv2d_fused_each_algorithm(simd, conv_algo, rng, case):
     y, _, _ = ops.conv2d_fused(x, wt, b, x_scale=scale, x_shift=shift, x_relu=True, relu=True,
                                **kw)
     assert_close(y, np.maximum(ref.conv2d(a, wt, b, **ref_kw(kw)), 0), "conv")
+    dy, other = f32(rng, *y.shape), f32(rng, *x.shape)  # adding dx: Winograd steps aside
+    dx = ops.conv2d_backward(x, wt, dy, add_dx_to=other.copy(), **kw)[0]
+    assert_close(dx, ref.conv2d_backward(x, wt, dy, **ref_kw(kw))[0] + other, "conv")
+
+
+@pytest.mark.parametrize("case", CASES + WINOGRAD[:2] + [(2, 9, 6, 7, 5, 3, 3, 1, (3, 0))],
+                         ids=ids)
+def test_conv2d_backward_adds_dx_to_a_gradient(simd, threads, rng, case):
+    """dx added in the kernel's store to an existing gradient, on every path (in
+    place, column matrix, pointwise, strided chunks, Winograd's shapes)."""
+    x, wt, b, kw = make(rng, case)
+    dy = f32(rng, *ops.conv2d(x, wt, **kw).shape)
+    other = f32(rng, *x.shape)
+    target = other.copy()
+    dx, dw, _ = ops.conv2d_backward(x, wt, dy, add_dx_to=target, **kw)
+    assert dx is target
+    rdx, rdw, _ = ref.conv2d_backward(x, wt, dy, **ref_kw(kw))
+    assert_close(dx, rdx + other, "conv", "dx + other")
+    assert_close(dw, rdw, "conv", "dw")
+    with pytest.raises(ValueError, match="add_dx_to must not overlap"):
+        ops.conv2d_backward(x, wt, dy, add_dx_to=x, **kw)
+    with pytest.raises(ValueError, match="add_dx_to needs need_dx=True"):
+        ops.conv2d_backward(x, wt, dy, add_dx_to=target, need_dx=False, **kw)
 
 
 def test_conv2d_fused_without_a_map_is_conv2d(rng):
@@ -221,7 +244,9 @@ def test_fusion_pass_on_resnet20():
     assert tags["conv1"] == ["stats"]
     assert tags["bn1"] == ["from-sums", "mapped", "masks-relu"]
     assert tags["relu"] == ["mapped"]
-    assert tags["layer1.0.conv1"] == ["mapped-in", "stats"]   # reads the stem's ReLU
+    # reads the stem's ReLU; adds its input gradient to the shortcut's
+    assert tags["layer1.0.conv1"] == ["mapped-in", "stats", "accumulates-dx"]
+    assert tags["layer2.0.conv1"] == ["stats", "accumulates-dx"]  # after the downsample's
     assert tags["layer1.0.conv2"] == ["mapped-in", "stats"]
     assert tags["layer1.0.bn2"] == ["from-sums", "mapped"]    # read by the Add
     assert tags["layer1.0.add"] == ["mapped-in", "applies-relu"]
@@ -252,6 +277,26 @@ def test_fusion_pass_leaves_what_it_cannot_fuse():
     two.add("bn", BatchNorm2d())
     two.add("other", ReLU(), "conv")  # the convolution has two readers
     assert "bn" not in fusion(two)
+
+
+def test_step_bytes_from_the_shapes():
+    """Each step's bytes: its kernels' passes over their operands (minidl.plan._traffic)."""
+    net = minidl.Net((3, 8, 8))
+    net.add("conv1", Conv2d(out_channels=4, padding=1, bias=False))
+    net.add("bn", BatchNorm2d())
+    net.add("relu", ReLU())
+    net.add("conv2", Conv2d(out_channels=4, padding=1, bias=False))
+    x, y, w1, w2, bn = 2 * 3 * 64 * 4, 2 * 4 * 64 * 4, 4 * 3 * 9 * 4, 4 * 4 * 9 * 4, 2 * 4 * 4
+    plain, fused = make_plan(net, 2, fuse=False), make_plan(net, 2)
+    want = {"conv1": (x + w1 + y, x + y + w1),               # no dx for the input
+            "bn": (3 * y + bn, 5 * y + bn),                  # stats + normalise; 2 passes back
+            "relu": (2 * y, 3 * y),
+            "conv2": (y + w2 + y, (y + w2 + y) + (y + y + w2))}
+    for k, (f, b) in want.items():
+        assert (plain.step(k).bytes_forward, plain.step(k).bytes_backward) == (f, b), k
+    assert fused.step("bn").bytes_forward == bn and fused.step("relu").bytes_forward == 0
+    assert fused.step("relu").bytes_backward == 0 and fused.step("bn").bytes_backward == 5 * y + bn
+    assert fused.bytes_moved() == plain.bytes_moved() - 3 * y - 2 * y - 3 * y
 
 
 def test_fused_plan_moves_fewer_bytes_and_keeps_less():

@@ -57,6 +57,7 @@ FLOPS = {
     "conv2d_backward_weights": _conv_flops,
     "conv2d_forward_fused": _conv_flops,
     "conv2d_backward_weights_fused": _conv_flops,
+    "conv2d_backward_data_fused": _conv_flops,
     "linear_forward": _linear_flops,
     "linear_backward_data": _linear_flops,
     "linear_backward_weights": _linear_flops,

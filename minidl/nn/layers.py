@@ -240,12 +240,14 @@ class Conv2d(Layer):
             b = ((0.0 if b is None else b) * scale + shift).astype(np.float32)
         return ops.conv2d(x, w, b, stride=self.stride, padding=self.padding, relu=relu)
 
-    def backward(self, dy, saved, need_dx=True):
+    def backward(self, dy, saved, need_dx=True, add_dx_to=None):
+        """add_dx_to: an existing gradient of the input, which dx is added to in place
+        (fusion: a residual block's sum of gradients) and which is returned."""
         w = self.params["weight"]
         x, m = _unmapped(saved)
         dx, w.grad, db = ops.conv2d_backward(x, w.data, dy, stride=self.stride,
                                              padding=self.padding, need_dx=need_dx,
-                                             need_db=self.bias, **m)
+                                             need_db=self.bias, add_dx_to=add_dx_to, **m)
         if self.bias:
             self.params["bias"].grad = db
         return [dx]

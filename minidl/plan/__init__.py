@@ -18,7 +18,11 @@ Conv+BatchNorm+ReLU for training:
 - otherwise the BatchNorm writes its output with the ReLU applied in the same pass
   (tag "applies-relu", the ReLU "absorbed": its output is its input);
 - a ReLU that is the sole reader of an Add or a Conv2d is applied by it the same
-  way ("applies-relu" / "absorbed").
+  way ("applies-relu" / "absorbed");
+- where several gradients flow into a node (a residual block's input), a Conv2d
+  reader whose backward runs after another reader's adds its input gradient to the
+  one already there in its kernel's store instead of a separate sum ("accumulates-dx";
+  the executor does so when nothing else holds that gradient).
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
 (BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
@@ -181,6 +185,11 @@ def fusion(net: Net) -> Dict[str, List[str]]:
         if relu and relu not in tags and "stats" not in tags.get(k, ()):
             tag(k, "applies-relu")
             tag(relu, "absorbed")
+    for x, r in readers.items():  # r in plan order: the last one's backward runs first
+        if x != INPUT:
+            for k in r[:-1]:
+                if kind[k] == "Conv2d":
+                    tag(k, "accumulates-dx")
     return tags
 
 
@@ -227,6 +236,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
     root = storage_of(net, fused)
     size = {k: batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
     readers = {k: 0 for k in net.nodes}  # gradients flowing into each node
+    last_reader = {i: k for k, n in net.layers() for i in n.inputs}
     steps = []
     for k, n in net.layers():
         layer, tags = n.layer, fused.get(k, [])
@@ -248,8 +258,13 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
             fused=list(tags), grad_view=layer.gradient_is_view or relu_mapped,
             bytes_forward=fwd, bytes_backward=bwd))
-    for s in steps:  # where several gradients flow into a node, they are added (3 passes each)
-        s.bytes_backward += 3 * size[s.name] * max(readers[s.name] - 1, 0)
+    # where several gradients flow into a node they are added: 3 passes each, or 1 more
+    # read where a convolution's store adds its own (the first backward makes the array)
+    by_name = {s.name: s for s in steps}
+    for s in steps:
+        for x in dict.fromkeys(s.inputs):
+            if x in by_name and readers[x] > 1 and s.name != last_reader[x]:
+                by_name[x].bytes_backward += size[x] * (1 if "accumulates-dx" in s.fused else 3)
     plan = Plan(net.name, batch_size, steps, device, passes=["fusion"] if fuse else [])
     params = sum(p.data.nbytes for p in net.parameters().values())
     buffers = sum(b.nbytes for b in net.buffers().values() if b.dtype == np.float32)
@@ -353,8 +368,10 @@ def simulate_activations(net: Net, plan: Plan):
         if dy is not None:
             if s.param_bytes:
                 new(("param_grad", s.name), s.param_bytes)
+            x = s.inputs[0]  # dx added to a gradient nothing else holds (as the Executor)
+            adds = "accumulates-dx" in s.fused and x in grads and refs[grads[x]] == 1
             for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
-                if not need:
+                if not need or adds:
                     continue
                 if s.grad_view:
                     dx = dy

@@ -273,6 +273,14 @@ class Executor:
             scale, shift = nodes[chain[0]].layer.folding()
         return nodes[conv].layer.forward_folded(x, scale, shift, relu=kinds[-1] == "ReLU")
 
+    @staticmethod
+    def _sole_holder(grads, x, dy) -> bool:
+        """x has a gradient that nothing else holds (no view of it is pending and it is
+        not dy), so a kernel may add to it in place."""
+        g = grads.get(x)
+        return g is not None and g is not dy and \
+            not any(v is g for k, v in grads.items() if k != x)
+
     def _backward(self, grads: Dict[str, object], ctx: Dict[str, object]) -> None:
         nodes = self.net.nodes
         hook = self.backward_hook
@@ -284,11 +292,14 @@ class Executor:
                     hook(s.name)
                 continue
             t0 = time.perf_counter()
-            dxs = nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx))
+            kw = {}
+            if "accumulates-dx" in s.fused and self._sole_holder(grads, s.inputs[0], dy):
+                kw["add_dx_to"] = grads[s.inputs[0]]  # the sum made by the kernel's store
+            dxs = nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx), **kw)
             if self.timings is not None:
                 self._time(s.name, 1, t0)
             for x, need, dx in zip(s.inputs, s.need_dx, dxs):
-                if not need:
+                if not need or kw:
                     continue
                 if x in grads:
                     total = ops.add(grads[x], dx)

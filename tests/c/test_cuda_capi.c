@@ -62,6 +62,10 @@ int main(void)
     EXPECT(need > 0, "split-K workspace for %s", "a long reduction");
     EXPECT_ERROR(mdl_cuda_conv2d_backward_weights(&big, p, p, p, 0, p, need - 1, NULL),
                  MDL_ERR_WORKSPACE, "workspace has");
+    EXPECT_ERROR(mdl_cuda_conv2d_backward_data_fused(&big, p, p, p, 1, p, need - 1, NULL),
+                 MDL_ERR_WORKSPACE, "workspace has");
+    EXPECT_ERROR(mdl_cuda_conv2d_backward_data_fused(&cs, p, p, NULL, 1, NULL, 0, NULL),
+                 MDL_ERR_ARG, "mdl_cuda_conv2d_backward_data_fused: dx must not be NULL");
 
     mdl_pool2d_shape ps = {1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1};
     EXPECT(mdl_cuda_pool2d_output_size(&ps, &ho, &wo) == MDL_OK && ho == 2 && wo == 2,
