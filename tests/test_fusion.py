@@ -385,3 +385,21 @@ def test_mapped_materializes():
     np.testing.assert_array_equal(m.materialize(),
                                   np.maximum(x * np.array([2, 1])[:, None, None]
                                              + np.array([1, 0])[:, None, None], 0))
+
+
+def test_cli_plan_and_bench_fuse_flags(capsys):
+    from minidl import cli
+    import json
+    assert cli.main(["plan", "--model", "resnet20", "--batch-size", "4", "--json"]) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert cli.main(["plan", "--model", "resnet20", "--batch-size", "4", "--json",
+                     "--no-fuse"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert fused["passes"] == ["fusion"] and plain["passes"] == []
+    assert any(s["fused"] for s in fused["steps"]) and not any(s["fused"] for s in plain["steps"])
+    for flag in ("--fuse", "--no-fuse"):
+        assert cli.main(["bench", "--model", "lenet", "--batch-size", "4", "--steps", "1",
+                         "--warmup", "0", "--json", flag]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["fused"] == (flag == "--fuse") and r["bytes_moved"] > 0
+        assert r["activation_bytes"] > 0
