@@ -13,9 +13,13 @@
  *    where the CPU has AVX-512F (6 x 16 with AVX2); otherwise the image's column
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
  *    stride 1 and no padding).  Winograd (winograd_avx2.c) replaces the GEMM where
- *    use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias, ReLU and
- *    channel sums applied by the GEMM's epilogue while each tile is in
- *    registers.  Backward-data with stride 1 is the forward convolution of dy
+ *    use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias and ReLU
+ *    applied by the GEMM's epilogue while each tile is in registers, and the
+ *    channel sums taken by it or, on the in-place path, from each image's output
+ *    while it is in the cache.  The fused forward and weight gradient read x
+ *    through a per-channel map (mdl_affine: a BatchNorm's normalisation and ReLU)
+ *    as they copy each image into its phase planes, or into a per-thread copy of
+ *    the image on the other paths.  Backward-data with stride 1 is the forward convolution of dy
  *    with the flipped, transposed weights; with a stride (or very few input
  *    channels) it is col = W^T @ dy for a chunk of B images side by side (N = B
  *    * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then col2im.
@@ -23,7 +27,7 @@
  *    its own partial dw (with rows a multiple of 8 wide, as dot products over
  *    the phase planes); the partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
- * dx is overwritten; dw and db are overwritten (accumulate 0) or added to (1). */
+ * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -491,12 +495,13 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
         mdl_sgemm_avx2_pack_a(0, s->c_out, g->K, 1.0f, w, g->K, pa);
 }
 
-/* y[b] (c_out, P) = pa @ col(x[b]) with the epilogue, for every image b; pa is
- * the packed weights.  The threads take whole images, each with its own column
- * matrix (K, P) (none for a pointwise kernel: x[b] is its own column matrix) and
- * packed B panel, so nothing is shared while they run and the result does not
- * depend on the thread count.  Per-image channel sums go to sums (n, 2, c_out)
- * and are added up over the images in order by the caller. */
+/* y[b] (c_out, P) = pa @ col(in(x[b])) + beta * y[b] (beta 0 or 1) with the epilogue,
+ * for every image b; pa is the packed weights, in the map x is read through (NULL:
+ * none).  The threads take whole images, each with its own column matrix (K, P)
+ * (none for a pointwise kernel: x[b] is its own column matrix) and packed B panel,
+ * so nothing is shared while they run and the result does not depend on the thread
+ * count.  Per-image channel sums go to sums (n, 2, c_out) and are added up over the
+ * images in order by the caller. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                       const mdl_affine *in, int wino, const float *pa, const float *bias,
                       int relu, double *sums, float beta, float *y, float *ws, size_t avail,
@@ -675,8 +680,6 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
 
 /* ---- public entry points ------------------------------------------------------------ */
 
-/* y (n, c_out, ho, wo) = conv(x (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
- * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
 /* an input map's pointers: scale and shift both given or both NULL */
 static mdl_status check_input_map(const char *fn, const mdl_affine *in)
 {
@@ -685,6 +688,9 @@ static mdl_status check_input_map(const char *fn, const mdl_affine *in)
                          "be NULL", fn);
     return MDL_OK;
 }
+
+/* y (n, c_out, ho, wo) = conv(in(x) (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
+ * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
 
 static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
                           const mdl_affine *in, const float *w, const float *bias, int relu,
