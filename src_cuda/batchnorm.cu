@@ -251,7 +251,7 @@ mdl_status mdl_cuda_batch_norm_backward(int64_t n, int64_t c, int64_t hw, const 
                                     dbeta);
     if (st != MDL_OK) return st;
     bn_backward<false><<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
-                                                               save_invstd, NULL, NULL, dx,
+                                                               save_invstd, nullptr, nullptr, dx,
                                                                dgamma, dbeta, accumulate);
     return mdl_cuda_launched(fn);
 }

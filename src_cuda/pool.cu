@@ -236,7 +236,7 @@ static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const f
     if (in && (in->scale || in->relu)) /* otherwise the identity: the plain kernel */
         max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_affine_of(in));
     else
-        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, {});
+        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_no_affine{});
     return mdl_cuda_launched(fn);
 }
 
@@ -256,7 +256,7 @@ static mdl_status max_backward(const char *fn, const mdl_pool2d_shape *s, const 
         max_pool_bwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx,
                                                                  mdl_affine_of(in));
     else
-        max_pool_bwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx, {});
+        max_pool_bwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, dy, dx, mdl_no_affine{});
     return mdl_cuda_launched(fn);
 }
 
