@@ -1,7 +1,8 @@
-/* act.c -- elementwise ops: ReLU, add, dropout.  Scalar references here;
- * AVX2 versions in act_avx2.c.  All overwrite their output. */
+/* act.c -- elementwise ops: ReLU, add, the per-channel affine add, dropout.  Scalar
+ * references here; AVX2 versions in act_avx2.c.  All overwrite their output. */
 #include "common.h"
 #include "act.h"
+#include "checks.h"
 
 /* ---- scalar references ---------------------------------------------------- */
 
@@ -92,23 +93,15 @@ mdl_status mdl_add(int64_t count, const float *a, const float *b, float *y)
     return MDL_OK;
 }
 
-static mdl_status check_affine(const char *fn, const char *name, const mdl_affine *f)
-{
-    if (f && (f->scale == NULL) != (f->shift == NULL))
-        return mdl_error(MDL_ERR_ARG, "%s: %s->scale and %s->shift must both be given or both "
-                         "be NULL", fn, name, name);
-    return MDL_OK;
-}
-
 mdl_status mdl_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
                           const mdl_affine *fa, const float *b, const mdl_affine *fb, int relu,
                           float *y)
 {
     MDL_CHECK(n >= 0 && c >= 1 && hw >= 0, "%s: need n >= 0, c >= 1, hw >= 0, got n = %lld, "
               "c = %lld, hw = %lld", __func__, (long long)n, (long long)c, (long long)hw);
-    mdl_status st = check_affine(__func__, "fa", fa);
-    if (st == MDL_OK) st = check_affine(__func__, "fb", fb);
-    if (st != MDL_OK || n == 0 || hw == 0) return st;
+    MDL_CHECK_AFFINE(__func__, fa, "fa");
+    MDL_CHECK_AFFINE(__func__, fb, "fb");
+    if (n == 0 || hw == 0) return MDL_OK;
     MDL_CHECK_PTR(a);
     MDL_CHECK_PTR(y);
     const int64_t rows = n * c;

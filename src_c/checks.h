@@ -26,6 +26,13 @@
 #define MDL_CHECK_POS_FN(fn, v) \
     MDL_CHECK((v) >= 1, "%s: %s must be >= 1, got %lld", fn, #v, (long long)(v))
 
+/* the map `a` (an mdl_affine, or NULL) has scale and shift both given or both NULL;
+ * `name` names it in the message */
+#define MDL_CHECK_AFFINE(fn, a, name)                                                     \
+    MDL_CHECK((a) == NULL || ((a)->scale == NULL) == ((a)->shift == NULL),                \
+              "%s: %s->scale and %s->shift must both be given or both be NULL", fn, name, \
+              name)
+
 /* ---- convolution ------------------------------------------------------------------- */
 
 #define MDL_CONV_SIZE_LIMIT 2147483647LL           /* every shape field fits in 31 bits */

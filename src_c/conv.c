@@ -680,15 +680,6 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
 
 /* ---- public entry points ------------------------------------------------------------ */
 
-/* an input map's pointers: scale and shift both given or both NULL */
-static mdl_status check_input_map(const char *fn, const mdl_affine *in)
-{
-    if (in && (in->scale == NULL) != (in->shift == NULL))
-        return mdl_error(MDL_ERR_ARG, "%s: in->scale and in->shift must both be given or both "
-                         "be NULL", fn);
-    return MDL_OK;
-}
-
 /* y (n, c_out, ho, wo) = conv(in(x) (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
  * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
 
@@ -699,8 +690,8 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
 {
     conv_geom g;
     mdl_status st = geometry(fn, s, &g);
-    if (st == MDL_OK) st = check_input_map(fn, in);
     if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, in, "in");
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(w);
     MDL_CHECK_PTR(y);
@@ -833,8 +824,8 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
 {
     conv_geom g;
     mdl_status st = geometry(fn, s, &g);
-    if (st == MDL_OK) st = check_input_map(fn, in);
     if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, in, "in");
     MDL_CHECK_PTR_FN(fn, x);
     MDL_CHECK_PTR_FN(fn, dy);
     MDL_CHECK_PTR_FN(fn, dw);

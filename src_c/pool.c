@@ -171,9 +171,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
     mdl_pool_geom g;
     mdl_status st = pool_geom(fn, s, &g);
     if (st != MDL_OK) return st;
-    if (in && (in->scale == NULL) != (in->shift == NULL))
-        return mdl_error(MDL_ERR_ARG, "%s: in->scale and in->shift must both be given or both "
-                         "be NULL", fn);
+    MDL_CHECK_AFFINE(fn, in, "in");
     if (back) {
         CHECK_PTRS2(x, dy);
         MDL_CHECK((out) != NULL, "%s: dx must not be NULL", fn);

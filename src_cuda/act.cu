@@ -4,6 +4,7 @@
  * the CPU's counter-based hash of (seed, i), so its mask and output are bit
  * for bit those of mdl_dropout_forward. */
 #include "common.cuh"
+#include "../src_c/checks.h"
 
 namespace {
 

@@ -67,13 +67,6 @@ struct mdl_no_affine {};
 template <bool FUSED>
 using mdl_input_map = std::conditional_t<FUSED, mdl_affine_arg, mdl_no_affine>;
 
-/* scale and shift of `a` (if not NULL) both given or both NULL; `name` names it (the
- * message of src_c's checks). */
-#define MDL_CHECK_AFFINE(fn, a, name)                                                       \
-    MDL_CHECK((a) == NULL || ((a)->scale == NULL) == ((a)->shift == NULL),                  \
-              "%s: %s->scale and %s->shift must both be given or both be NULL", fn, name,    \
-              name)
-
 /* ---- deterministic reductions: a fixed tree, the same on every run -------------- */
 
 template <class T>

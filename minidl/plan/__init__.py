@@ -138,11 +138,20 @@ def storage_of(net: Net, fused: Optional[Dict[str, List[str]]] = None) -> Dict[s
 
 
 def _readers(net: Net) -> Dict[str, List[str]]:
+    """The layers reading each node, in plan order."""
     readers: Dict[str, List[str]] = {}
     for k, n in net.layers():
         for x in dict.fromkeys(n.inputs):
             readers.setdefault(x, []).append(k)
     return readers
+
+
+def _sole_reader(net: Net, readers, k: str, kind: str) -> Optional[str]:
+    """The one layer reading node k if it is a `kind` and k is not the net's output."""
+    r = readers.get(k, [])
+    if k != net.output and len(r) == 1 and type(net.nodes[r[0]].layer).__name__ == kind:
+        return r[0]
+    return None
 
 
 MAPPED_READERS = ("Conv2d", "Add", "MaxPool2d")  # the layers that read a Mapped input
@@ -154,10 +163,7 @@ def fusion(net: Net) -> Dict[str, List[str]]:
     kind = {k: type(n.layer).__name__ for k, n in net.layers()}
 
     def sole_reader(k: str, want: str) -> Optional[str]:
-        r = readers.get(k, [])
-        if k != net.output and len(r) == 1 and kind[r[0]] == want:
-            return r[0]
-        return None
+        return _sole_reader(net, readers, k, want)
 
     tags: Dict[str, List[str]] = {}
 
@@ -281,16 +287,10 @@ def inference_fusion(net: Net) -> Dict[str, List[str]]:
     BatchNorm2d right after it (folded into its weights and bias), then a ReLU
     (applied by its epilogue), or a ReLU alone.  A layer is absorbed only when it is
     the sole reader of the one before it, whose output then never exists."""
-    readers: Dict[str, List[str]] = {}
-    for k, n in net.layers():
-        for x in dict.fromkeys(n.inputs):
-            readers.setdefault(x, []).append(k)
+    readers = _readers(net)
 
     def only_reader(k: str, kind: str):
-        r = readers.get(k, [])
-        if k != net.output and len(r) == 1 and type(net.nodes[r[0]].layer).__name__ == kind:
-            return r[0]
-        return None
+        return _sole_reader(net, readers, k, kind)
 
     groups = {}
     for k, n in net.layers():
