@@ -328,6 +328,23 @@ MDL_API mdl_status mdl_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw
                                                 const float *shift, float *dx, float *dgamma,
                                                 float *dbeta, int accumulate);
 
+/* The backward of y = max(BatchNorm(x) + fb(b), 0), a residual block's end, with
+ * BatchNorm's input x not stored: it is reconstructed from the sum before the ReLU,
+ * s = BatchNorm(x) + fb(b) (y = max(s, 0)), and the other operand b (read through
+ * its map fb, NULL: as it is): x - mean = (s - fb(b) - beta) / (gamma * invstd).
+ * dy is the gradient of y.  Writes db = dy where s > 0, else 0 (the gradient of
+ * fb(b) and of BatchNorm's output; db may equal dy), and dx, dgamma, dbeta as
+ * mdl_batch_norm_backward.  Every gamma * save_invstd must be non-zero; the
+ * reconstruction's error in (x - mean) * invstd is about 2^-24 * (|s| + |fb(b)| +
+ * |beta|) / |gamma|. */
+MDL_API mdl_status mdl_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                    const float *s, const float *b,
+                                                    const mdl_affine *fb, const float *gamma,
+                                                    const float *beta, const float *dy,
+                                                    const float *save_invstd, float *dx,
+                                                    float *db, float *dgamma, float *dbeta,
+                                                    int accumulate);
+
 /* ------------------------------------------------------------------------ */
 /* Fully connected: y (n, out) = x (n, in) @ w^T + b, w is (out, in)         */
 /* ------------------------------------------------------------------------ */

@@ -53,6 +53,9 @@
  *  - mdl_cuda_softmax_cross_entropy writes the loss to device memory, and
  *    cannot check the labels (device memory) on the host: a label outside
  *    [0, classes) makes the loss and that row of dlogits NaN.
+ *  - mdl_cuda_batch_norm_add_relu_backward cannot check gamma * save_invstd
+ *    (device memory) on the host: a channel whose gamma or save_invstd is zero
+ *    or not finite gets NaN in dx.
  *  - The size helpers (*_workspace_size, *_output_size) run on the host and
  *    take no stream.
  *  - Results agree with the CPU kernels to float32 rounding (sums are taken
@@ -264,6 +267,19 @@ MDL_API mdl_status mdl_cuda_batch_norm_relu_backward(int64_t n, int64_t c, int64
                                                      const float *scale, const float *shift,
                                                      float *dx, float *dgamma, float *dbeta,
                                                      int accumulate, mdl_cuda_stream stream);
+/* The backward of max(BatchNorm(x) + fb(b), 0) with x reconstructed from the sum s
+ * before the ReLU (see mdl_batch_norm_add_relu_backward); fb is a host pointer (or
+ * NULL), its scale and shift device pointers (c each).  gamma * save_invstd is not
+ * checked (device memory): see the overview. */
+MDL_API mdl_status mdl_cuda_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                         const float *s, const float *b,
+                                                         const mdl_affine *fb,
+                                                         const float *gamma, const float *beta,
+                                                         const float *dy,
+                                                         const float *save_invstd, float *dx,
+                                                         float *db, float *dgamma, float *dbeta,
+                                                         int accumulate,
+                                                         mdl_cuda_stream stream);
 
 /* ------------------------------------------------------------------------ */
 /* Fully connected: y (n, out) = x (n, in) @ w^T + b                         */

@@ -410,6 +410,21 @@ def batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const float[::1] 
     check(st)
 
 
+def batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float[::1] s,
+                                 const float[::1] b, const float[::1] b_scale,
+                                 const float[::1] b_shift, bint b_relu, const float[::1] gamma,
+                                 const float[::1] beta, const float[::1] dy,
+                                 const float[::1] save_invstd, float[::1] dx, float[::1] db,
+                                 float[::1] dgamma, float[::1] dbeta, bint accumulate=False):
+    cdef mdl_affine fb
+    cdef const mdl_affine *pb = affine(&fb, b_scale, b_shift, b_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_batch_norm_add_relu_backward(n, c, hw, cptr(s), cptr(b), pb, cptr(gamma),
+                                              cptr(beta), cptr(dy), cptr(save_invstd), mptr(dx),
+                                              mptr(db), mptr(dgamma), mptr(dbeta), accumulate)
+    check(st)
+
 # ---- linear -------------------------------------------------------------------
 
 def linear_workspace_size(int64_t n, int64_t in_, int64_t out):

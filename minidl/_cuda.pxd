@@ -116,6 +116,13 @@ cdef extern from "minidl_cuda.h" nogil:
                                                  const float *shift, float *dx, float *dgamma,
                                                  float *dbeta, int accumulate,
                                                  mdl_cuda_stream stream)
+    mdl_status mdl_cuda_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw,
+                                                     const float *s, const float *b,
+                                                     const mdl_affine *fb, const float *gamma,
+                                                     const float *beta, const float *dy,
+                                                     const float *save_invstd, float *dx,
+                                                     float *db, float *dgamma, float *dbeta,
+                                                     int accumulate, mdl_cuda_stream stream)
 
     size_t mdl_cuda_linear_workspace_size(int64_t n, int64_t in_, int64_t out)
     mdl_status mdl_cuda_linear_forward(int64_t n, int64_t in_, int64_t out, const float *x,

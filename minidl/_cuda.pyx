@@ -403,6 +403,23 @@ def batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, uintptr_t x, uint
     check(st)
 
 
+def batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw, uintptr_t s, uintptr_t b,
+                                 uintptr_t b_scale, uintptr_t b_shift, bint b_relu,
+                                 uintptr_t gamma, uintptr_t beta, uintptr_t dy,
+                                 uintptr_t save_invstd, uintptr_t dx, uintptr_t db,
+                                 uintptr_t dgamma, uintptr_t dbeta, bint accumulate=False,
+                                 uintptr_t stream=0):
+    cdef mdl_affine fb
+    cdef const mdl_affine *pb = affine(&fb, b_scale, b_shift, b_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_batch_norm_add_relu_backward(n, c, hw, cptr(s), cptr(b), pb, cptr(gamma),
+                                                   cptr(beta), cptr(dy), cptr(save_invstd),
+                                                   mptr(dx), mptr(db), mptr(dgamma),
+                                                   mptr(dbeta), accumulate, sptr(stream))
+    check(st)
+
+
 # ---- linear -------------------------------------------------------------------
 
 def linear_workspace_size(int64_t n, int64_t in_, int64_t out):

@@ -41,6 +41,7 @@ __all__ = [
     "global_avg_pool2d", "global_avg_pool2d_backward",
     "relu", "relu_backward", "add", "affine_add", "dropout", "dropout_backward",
     "batch_norm", "batch_norm_stats", "batch_norm_backward",
+    "batch_norm_add_relu_backward",
     "linear", "linear_backward",
     "softmax_cross_entropy",
     "sgd_step", "adam_step",
@@ -607,14 +608,14 @@ def dropout_backward(dy: np.ndarray, p: float = 0.5, *, seed: int) -> np.ndarray
 # ---- batch norm -------------------------------------------------------------------
 
 
-def _bn_x(x) -> Tuple[np.ndarray, int, int, int]:
+def _bn_x(x, name: str = "x") -> Tuple[np.ndarray, int, int, int]:
     """x as (N, C), (N, C, L) or (N, C, H, W) float32, and its (n, c, hw)."""
-    x = _input("x", x)
+    x = _input(name, x)
     if x.ndim not in (2, 3, 4):
-        raise ValueError(f"x must be 2-D (N, C), 3-D (N, C, L) or 4-D (N, C, H, W), "
+        raise ValueError(f"{name} must be 2-D (N, C), 3-D (N, C, L) or 4-D (N, C, H, W), "
                          f"got shape {x.shape}")
     if x.size == 0:
-        raise ValueError(f"x must not be empty, got shape {x.shape}")
+        raise ValueError(f"{name} must not be empty, got shape {x.shape}")
     n, c = x.shape[:2]
     return x, n, c, x.size // (n * c)
 
@@ -765,6 +766,39 @@ def batch_norm_backward(x: np.ndarray, gamma: Optional[np.ndarray], dy: np.ndarr
                                    dbeta)
     return dx, dgamma, dbeta
 
+
+def batch_norm_add_relu_backward(s: np.ndarray, b: np.ndarray, gamma: np.ndarray,
+                                 beta: np.ndarray, dy: np.ndarray, invstd: np.ndarray, *,
+                                 b_scale: Optional[np.ndarray] = None,
+                                 b_shift: Optional[np.ndarray] = None, b_relu: bool = False
+                                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of y = max(batch_norm(x, gamma, beta) + fb(b), 0) (a residual block's
+    end) without x: it is reconstructed from s = batch_norm(x) + fb(b), the sum before
+    the ReLU, and b, read through fb (b_scale, b_shift, b_relu as affine_add's):
+    x - mean = (s - fb(b) - beta) / (gamma * invstd).  s, b, dy: (N, C, ...) of one
+    shape; gamma, beta, invstd (C,), invstd as the forward returned it.  Returns (dx,
+    db, dgamma, dbeta): dx, dgamma, dbeta as batch_norm_backward's with dy where s > 0,
+    and db = dy where s > 0, else 0, the gradient of fb(b).  Every gamma * invstd must
+    be non-zero; the reconstructed xhat is off by about 2**-24 * (|s| + |fb(b)| +
+    |beta|) / |gamma|."""
+    s, n, c, hw = _bn_x(s, "s")
+    b = _input("b", b)
+    dy = _input("dy", dy)
+    for name, a in (("b", b), ("dy", dy)):
+        if a.shape != s.shape:
+            raise ValueError(f"{name} must have the shape of s {s.shape}, got {a.shape}")
+    b_scale, b_shift = _input_map(b, b_scale, b_shift)
+    gamma = _bn_param("gamma", gamma, c)
+    beta = _bn_param("beta", beta, c)
+    invstd = _bn_param("invstd", invstd, c)
+    k = _kernels(s=s, b=b, dy=dy, gamma=gamma, beta=beta, invstd=invstd, b_scale=b_scale,
+                 b_shift=b_shift)
+    dx, db = _empty(s, s.shape), _empty(s, s.shape)
+    dgamma, dbeta = _empty(s, (c,)), _empty(s, (c,))
+    k.batch_norm_add_relu_backward(n, c, hw, s.reshape(-1), b.reshape(-1), b_scale, b_shift,
+                                   bool(b_relu), gamma, beta, dy.reshape(-1), invstd,
+                                   dx.reshape(-1), db.reshape(-1), dgamma, dbeta)
+    return dx, db, dgamma, dbeta
 
 # ---- linear -----------------------------------------------------------------------
 

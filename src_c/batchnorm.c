@@ -101,6 +101,45 @@ void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_
 }
 #undef GATE
 
+/* s, b, dy, dx, db (n, c, hw): e = s - fb(b) - beta is (x - mean) * gamma * invstd, so
+ * x - mean = e * r with r = 1 / (gamma * invstd); g = dy where s > 0 is the gradient of
+ * BatchNorm's output.  dx = g * a + e * (r * b') + c0 with mdl_bn_finish_backward's
+ * coefficients a, b', c0 from sum(g) and sum(g * e) * r. */
+void mdl_bn_add_relu_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                                     const float *s, const float *b, const mdl_affine *fb,
+                                     const float *gamma, const float *beta, const float *dy,
+                                     const float *invstd, float *dx, float *db, float *dgamma,
+                                     float *dbeta, int accumulate)
+{
+    const int64_t m = n * hw;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const mdl_affine_ch f = mdl_affine_at(fb, ch);
+        const float bt = beta[ch];
+        double sg = 0.0, sge = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(dy, i, ch);
+            float *q = ROW(db, i, ch);
+            for (int64_t j = 0; j < hw; j++) {
+                const float g = ps[j] > 0.0f ? pg[j] : 0.0f;
+                q[j] = g;
+                sg += g;
+                sge += (double)g * (double)(ps[j] - mdl_affine_apply(pb[j], f) - bt);
+            }
+        }
+        const double r = 1.0 / ((double)gamma[ch] * (double)invstd[ch]);
+        float a, bc, k;
+        mdl_bn_finish_backward(m, sg, sge * r, gamma[ch], invstd[ch], dgamma + ch, dbeta + ch,
+                               accumulate, &a, &bc, &k);
+        const float be = (float)((double)bc * r);
+        for (int64_t i = 0; i < n; i++) {
+            const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(db, i, ch);
+            float *q = ROW(dx, i, ch);
+            for (int64_t j = 0; j < hw; j++)
+                q[j] = pg[j] * a + (ps[j] - mdl_affine_apply(pb[j], f) - bt) * be + k;
+        }
+    }
+}
+
 /* ---- checks and dispatch -------------------------------------------------- */
 
 /* the checks: mdl_bn_check_* in checks.h */
@@ -199,6 +238,40 @@ mdl_status mdl_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, const 
     MDL_CHECK_PTR(shift);
     return backward(__func__, n, c, hw, x, gamma, dy, save_mean, save_invstd, scale, shift, dx,
                     dgamma, dbeta, accumulate);
+}
+
+mdl_status mdl_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float *s,
+                                            const float *b, const mdl_affine *fb,
+                                            const float *gamma, const float *beta,
+                                            const float *dy, const float *save_invstd,
+                                            float *dx, float *db, float *dgamma, float *dbeta,
+                                            int accumulate)
+{
+    static const char fn[] = "mdl_batch_norm_add_relu_backward";
+    mdl_status st = mdl_bn_check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, fb, "fb");
+    MDL_CHECK_PTR(s);
+    MDL_CHECK_PTR(b);
+    MDL_CHECK_PTR(beta);
+    MDL_CHECK_PTR(db);
+    MDL_CHECK_PTR(save_invstd);
+    st = mdl_bn_check_backward_args(fn, s, gamma, dy, save_invstd, save_invstd, dx, dgamma,
+                                    dbeta);
+    if (st != MDL_OK) return st;
+    for (int64_t ch = 0; ch < c; ch++)
+        MDL_CHECK(gamma[ch] * save_invstd[ch] != 0.0f && isfinite(gamma[ch] * save_invstd[ch]),
+                  "%s: x is reconstructed through 1 / (gamma * invstd), which needs it non-zero "
+                  "and finite; channel %lld has gamma = %g, invstd = %g", fn, (long long)ch,
+                  (double)gamma[ch], (double)save_invstd[ch]);
+    int avx2 = mdl_use_avx2();
+    SPLIT_CHANNELS(2.0, if (avx2) mdl_bn_add_relu_backward_avx2(n, c, hw, c0, c1, s, b, fb, gamma,
+                                                                beta, dy, save_invstd, dx, db,
+                                                                dgamma, dbeta, accumulate);
+                        else mdl_bn_add_relu_backward_scalar(n, c, hw, c0, c1, s, b, fb, gamma,
+                                                             beta, dy, save_invstd, dx, db,
+                                                             dgamma, dbeta, accumulate));
+    return MDL_OK;
 }
 
 /* The statistics from float64 sums: the same arithmetic as the training forward's

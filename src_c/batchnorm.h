@@ -15,6 +15,7 @@
 #define MDL_BATCHNORM_H
 #include <math.h>
 #include <stdint.h>
+#include "common.h"
 
 /* Per-channel training statistics from the shifted sums sd = sum(x - k) and
  * sd2 = sum((x - k)^2) over m values.  Writes save_mean/save_invstd and, when
@@ -87,6 +88,12 @@ void mdl_bn_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_
                             const float *mean, const float *invstd, const float *ms,
                             const float *mt, float *dx, float *dgamma, float *dbeta,
                             int accumulate);
+/* mdl_batch_norm_add_relu_backward over the channels [c0, c1) */
+void mdl_bn_add_relu_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                                     const float *s, const float *b, const mdl_affine *fb,
+                                     const float *gamma, const float *beta, const float *dy,
+                                     const float *invstd, float *dx, float *db, float *dgamma,
+                                     float *dbeta, int accumulate);
 
 #if MDL_X86
 void mdl_bn_train_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
@@ -101,9 +108,15 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
                           const float *mean, const float *invstd, const float *ms,
                           const float *mt, float *dx, float *dgamma, float *dbeta,
                           int accumulate);
+void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                                   const float *s, const float *b, const mdl_affine *fb,
+                                   const float *gamma, const float *beta, const float *dy,
+                                   const float *invstd, float *dx, float *db, float *dgamma,
+                                   float *dbeta, int accumulate);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_bn_train_avx2 mdl_bn_train_scalar
 #  define mdl_bn_infer_avx2 mdl_bn_infer_scalar
 #  define mdl_bn_backward_avx2 mdl_bn_backward_scalar
+#  define mdl_bn_add_relu_backward_avx2 mdl_bn_add_relu_backward_scalar
 #endif
 #endif

@@ -449,4 +449,75 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
         }
     }
 }
+/* The reconstructing backward of max(BatchNorm(x) + fb(b), 0) (batchnorm.c's scalar
+ * reference says the arithmetic): one sweep writes db and takes sum(g) and sum(g * e),
+ * in float over blocks of FLUSH values per lane then double; the second writes dx, last row first. */
+void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
+                                   const float *s, const float *b, const mdl_affine *fb,
+                                   const float *gamma, const float *beta, const float *dy,
+                                   const float *invstd, float *dx, float *db, float *dgamma,
+                                   float *dbeta, int accumulate)
+{
+    if (hw < 8) { /* (n, c) or tiny images: no fused caller needs them fast */
+        mdl_bn_add_relu_backward_scalar(n, c, hw, c0, c1, s, b, fb, gamma, beta, dy, invstd, dx,
+                                        db, dgamma, dbeta, accumulate);
+        return;
+    }
+    const int64_t m = n * hw, full = hw & ~(int64_t)7;
+    const __m256i tail = tail_mask(hw - full);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const mdl_affine_ch f = mdl_affine_at(fb, ch);
+        const __m256 fs = _mm256_set1_ps(f.s), ft = _mm256_set1_ps(f.t), bt = _mm256_set1_ps(beta[ch]);
+#define E(vs, vb) _mm256_sub_ps(_mm256_sub_ps((vs), mdl_relu8(_mm256_fmadd_ps((vb), fs, ft), f.relu)), bt)
+        __m256d g0 = _mm256_setzero_pd(), g1 = g0, e0 = g0, e1 = g0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(dy, i, ch);
+            float *q = ROW(db, i, ch);
+            __m256 fg = zero, fe = zero;
+            int64_t j = 0;
+            for (; j < full; j += 8) {
+                const __m256 vs = _mm256_loadu_ps(ps + j);
+                const __m256 g = _mm256_and_ps(_mm256_loadu_ps(pg + j),
+                                               _mm256_cmp_ps(vs, zero, _CMP_GT_OQ));
+                _mm256_storeu_ps(q + j, g);
+                fg = _mm256_add_ps(fg, g);
+                fe = _mm256_fmadd_ps(g, E(vs, _mm256_loadu_ps(pb + j)), fe);
+                if ((j / 8 + 1) % FLUSH == 0) flush(&g0, &g1, &fg), flush(&e0, &e1, &fe);
+            }
+            if (j < hw) { /* masked-off lanes: s = 0, so g = 0 */
+                const __m256 vs = _mm256_maskload_ps(ps + j, tail);
+                const __m256 g = _mm256_and_ps(_mm256_maskload_ps(pg + j, tail),
+                                               _mm256_cmp_ps(vs, zero, _CMP_GT_OQ));
+                _mm256_maskstore_ps(q + j, tail, g);
+                fg = _mm256_add_ps(fg, g);
+                fe = _mm256_fmadd_ps(g, E(vs, _mm256_maskload_ps(pb + j, tail)), fe);
+            }
+            flush(&g0, &g1, &fg), flush(&e0, &e1, &fe);
+        }
+        const double r = 1.0 / ((double)gamma[ch] * (double)invstd[ch]);
+        float a, bc, k;
+        mdl_bn_finish_backward(m, mdl_hsum_pd(_mm256_add_pd(g0, g1)),
+                               mdl_hsum_pd(_mm256_add_pd(e0, e1)) * r, gamma[ch], invstd[ch],
+                               dgamma + ch, dbeta + ch, accumulate, &a, &bc, &k);
+        const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps((float)((double)bc * r)),
+                     vk = _mm256_set1_ps(k);
+        for (int64_t i = n - 1; i >= 0; i--) {
+            const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(db, i, ch);
+            float *q = ROW(dx, i, ch);
+            int64_t j = 0;
+            for (; j < full; j += 8) {
+                const __m256 e = E(_mm256_loadu_ps(ps + j), _mm256_loadu_ps(pb + j));
+                _mm256_storeu_ps(q + j, _mm256_fmadd_ps(_mm256_loadu_ps(pg + j), va,
+                                                        _mm256_fmadd_ps(e, vb, vk)));
+            }
+            if (j < hw) {
+                const __m256 e = E(_mm256_maskload_ps(ps + j, tail), _mm256_maskload_ps(pb + j, tail));
+                _mm256_maskstore_ps(q + j, tail, _mm256_fmadd_ps(_mm256_maskload_ps(pg + j, tail), va,
+                                                                 _mm256_fmadd_ps(e, vb, vk)));
+            }
+        }
+#undef E
+    }
+}
 #endif

@@ -12,7 +12,10 @@
  * The fused path: batch_norm_stats turns float64 channel sums (of a fused
  * convolution) into the statistics and the map scale, shift, one thread per
  * channel; batch_norm_relu_backward is the backward with dy masked by
- * x * scale + shift > 0 (the ReLU after the BatchNorm) wherever it is read. */
+ * x * scale + shift > 0 (the ReLU after the BatchNorm) wherever it is read;
+ * batch_norm_add_relu_backward is the backward of max(BatchNorm(x) + fb(b), 0)
+ * with x - mean reconstructed from the sum s before the ReLU, one block per
+ * channel as above. */
 #include <math.h>
 #include "common.cuh"
 #include "../src_c/checks.h"
@@ -189,6 +192,45 @@ bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma
     for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = grad(o) * a + (x[o] - mu) * b + c0; });
 }
 
+/* channel blockIdx.x of s, b, dy, dx, db (n, c, hw), x not stored (src_c/batchnorm.c:
+ * mdl_bn_add_relu_backward_scalar): e = s - fb(b) - beta is (x - mean) * gamma * invstd and
+ * g = dy where s > 0; db = g, the sums of g and g * e, dgamma/dbeta (= or +=) from them with
+ * r = 1 / (gamma * invstd), then dx = g * a + e * (b' * r) + c0.  db may be dy: each thread
+ * reads and writes only its own values. */
+__global__ void __launch_bounds__(BN_THREADS)
+bn_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float *s, const float *b,
+                     mdl_affine_arg fb, const float *gamma, const float *beta, const float *dy,
+                     const float *invstd, float *dx, float *db, float *dgamma, float *dbeta,
+                     int accumulate)
+{
+    __shared__ double scratch[32];
+    __shared__ float coef[3];
+    const int64_t ch = blockIdx.x;
+    const float bt = beta[ch];
+    auto e = [&](int64_t o) { return s[o] - fb(b[o], ch) - bt; };
+    double sg = 0.0, sge = 0.0;
+    for_channel(n, c, hw, ch, [&](int64_t o) {
+        const float g = s[o] > 0.0f ? dy[o] : 0.0f;
+        db[o] = g;
+        sg += g;
+        sge += (double)g * (double)e(o);
+    });
+    sg = mdl_block_sum(sg, scratch);
+    sge = mdl_block_sum(sge, scratch);
+    if (threadIdx.x == 0) {
+        const double r = 1.0 / ((double)gamma[ch] * (double)invstd[ch]);
+        float a, bc, c0;
+        finish_backward(n * hw, sg, sge * r, gamma[ch], invstd[ch], dgamma + ch, dbeta + ch,
+                        accumulate, &a, &bc, &c0);
+        coef[0] = a;
+        coef[1] = (float)((double)bc * r);
+        coef[2] = c0;
+    }
+    __syncthreads();
+    const float a = coef[0], be = coef[1], c0 = coef[2];
+    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = db[o] * a + e(o) * be + c0; });
+}
+
 } /* namespace */
 
 /* ---- checks and launches (src_c/batchnorm.c) ------------------------------------ */
@@ -303,5 +345,32 @@ mdl_status mdl_cuda_batch_norm_relu_backward(int64_t n, int64_t c, int64_t hw, c
     bn_backward<true><<<(unsigned)c, BN_THREADS, 0, stream>>>(n, c, hw, x, gamma, dy, save_mean,
                                                               save_invstd, scale, shift, dx,
                                                               dgamma, dbeta, accumulate);
+    return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float *s,
+                                                 const float *b, const mdl_affine *fb,
+                                                 const float *gamma, const float *beta,
+                                                 const float *dy, const float *save_invstd,
+                                                 float *dx, float *db, float *dgamma,
+                                                 float *dbeta, int accumulate,
+                                                 mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_batch_norm_add_relu_backward";
+    mdl_status st = check_shape(fn, n, c, hw);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_AFFINE(fn, fb, "fb");
+    MDL_CHECK_PTR_FN(fn, s);
+    MDL_CHECK_PTR_FN(fn, b);
+    MDL_CHECK_PTR_FN(fn, beta);
+    MDL_CHECK_PTR_FN(fn, db);
+    MDL_CHECK_PTR_FN(fn, save_invstd);
+    st = mdl_bn_check_backward_args(fn, s, gamma, dy, save_invstd, save_invstd, dx, dgamma,
+                                    dbeta);
+    if (st != MDL_OK) return st;
+    /* gamma * save_invstd (device memory) is not checked: see minidl_cuda.h */
+    bn_add_relu_backward<<<(unsigned)c, BN_THREADS, 0, stream>>>(
+        n, c, hw, s, b, mdl_affine_of(fb), gamma, beta, dy, save_invstd, dx, db, dgamma, dbeta,
+        accumulate);
     return mdl_cuda_launched(fn);
 }

@@ -133,6 +133,9 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
      (4, 1, ADDR, ADDR, ADDR, ADDR, 1e-5, 0.1, 0, 0, ADDR, ADDR, ADDR, ADDR)),
     ("batch_norm_relu_backward", (2, 3, 4, f32, f32, f32, f32, f32, None, f32, f32, f32, f32),
      (2, 3, 4, ADDR, ADDR, ADDR, ADDR, ADDR, 0, ADDR, ADDR, ADDR, ADDR)),
+    ("batch_norm_add_relu_backward",  # a map with a scale and no shift
+     (2, 3, 4, f32, f32, f32, None, True, f32, f32, f32, f32, f32, f32, f32, f32),
+     (2, 3, 4, ADDR, ADDR, ADDR, 0, True, ADDR, ADDR, ADDR, ADDR, ADDR, ADDR, ADDR, ADDR)),
 ]
 
 

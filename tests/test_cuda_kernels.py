@@ -707,6 +707,55 @@ def test_batch_norm_relu_backward(gpu, rng, n, c, hw):
             check(g, w, "batch_norm", f"{name} against dy masked first (accumulate {accumulate})")
 
 
+def add_relu_case(rng, n, c, hw, kind):
+    """s = BatchNorm(x) + fb(b) (float32) with b read the `kind` way, and the rest of
+    batch_norm_add_relu_backward's inputs."""
+    x, b = f32(rng, n, c, hw) + np.float32(0.5), f32(rng, n, c, hw)
+    gamma, beta, dy = f32(rng, c), f32(rng, c), f32(rng, n, c, hw)
+    y, _, invstd = ops.batch_norm(x, gamma, beta, training=True)
+    sb, tb, rb = affine_map(rng, kind, c)
+    s = (y + mapped(b, sb, tb, rb)).astype(np.float32)
+    return s, b, (sb, tb, rb), gamma, beta, dy, invstd
+
+
+@pytest.mark.parametrize("n, c, hw", BN_SHAPES)
+@pytest.mark.parametrize("kind", MAPS)
+def test_batch_norm_add_relu_backward(gpu, rng, n, c, hw, kind):
+    """= and +=, against _C: dx, dgamma, dbeta and db = dy where s > 0."""
+    s, b, (sb, tb, rb), gamma, beta, dy, invstd = add_relu_case(rng, n, c, hw, kind)
+    ps, pb, pg, pbt, pdy, pi = (gpu.up(a) for a in (s, b, gamma, beta, dy, invstd))
+    psb, ptb = dev(gpu, sb), dev(gpu, tb)
+    g0, b0 = f32(rng, c), f32(rng, c)
+    for accumulate in (False, True):
+        dx, db, dg, dbt = np.empty_like(s), np.empty_like(s), g0.copy(), b0.copy()
+        _C.batch_norm_add_relu_backward(n, c, hw, s.ravel(), b.ravel(), sb, tb, rb, gamma, beta,
+                                        dy.ravel(), invstd, dx.ravel(), db.ravel(), dg, dbt,
+                                        accumulate)
+        pdx, pdb, pdg, pdbt = gpu.empty(s.shape), gpu.empty(s.shape), gpu.up(g0), gpu.up(b0)
+        run(cuda.batch_norm_add_relu_backward, n, c, hw, ps, pb, psb, ptb, rb, pg, pbt, pdy, pi,
+            pdx, pdb, pdg, pdbt, accumulate)
+        check(gpu.down(pdb, s.shape), db, "exact", f"db (accumulate {accumulate})")
+        got = gpu.down(pdx, s.shape), gpu.down(pdg, c), gpu.down(pdbt, c)
+        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, dbt)):
+            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})")
+
+
+def test_batch_norm_add_relu_backward_db_over_dy(gpu, rng):
+    """db may be dy."""
+    n, c, hw = 4, 6, 45
+    s, b, (sb, tb, rb), gamma, beta, dy, invstd = add_relu_case(rng, n, c, hw, "affine+relu")
+    dx, db = np.empty_like(s), np.empty_like(s)
+    dg, dbt = np.empty(c, np.float32), np.empty(c, np.float32)
+    _C.batch_norm_add_relu_backward(n, c, hw, s.ravel(), b.ravel(), sb, tb, rb, gamma, beta,
+                                    dy.ravel(), invstd, dx.ravel(), db.ravel(), dg, dbt)
+    pdy, pdx, pdg, pdbt = gpu.up(dy), gpu.empty(s.shape), gpu.empty(c), gpu.empty(c)
+    run(cuda.batch_norm_add_relu_backward, n, c, hw, gpu.up(s), gpu.up(b), gpu.up(sb), gpu.up(tb),
+        rb, gpu.up(gamma), gpu.up(beta), pdy, gpu.up(invstd), pdx, pdy, pdg, pdbt)
+    check(gpu.down(pdy, s.shape), db, "exact", "db written over dy")
+    got = gpu.down(pdx, s.shape), gpu.down(pdg, c), gpu.down(pdbt, c)
+    for name, g, w in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, dbt)):
+        check(g, w, "batch_norm", name)
+
 def test_fused_batch_norm_relu_chain(gpu, rng):
     """conv (channel sums) -> batch_norm_stats -> a stride-2 conv and affine_add reading
     relu(BatchNorm(y)) through the map, against ops' unfused batch_norm, relu and conv2d."""

@@ -22,11 +22,17 @@ stats out).  A convolution tagged "stats" returns its output's per-channel sums,
 which the executor hands to the BatchNorm that follows; a BatchNorm or ReLU tagged
 "mapped" returns a `Mapped` activation, never written, which the Conv2d and Add
 that read it apply as they read; backward then recomputes it from the stored
-convolution output.
+convolution output.  At a residual block's end (tags "reconstructed" on the
+BatchNorm, "reconstructs-a" or "-b" on the Add) the Add writes its sum before the
+ReLU and keeps it, and its backward does the BatchNorm's too, with the BatchNorm's
+input reconstructed from that sum (ops.batch_norm_add_relu_backward), which is
+therefore not kept.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import warnings
 
 import numpy as np
 
@@ -35,6 +41,10 @@ from minidl.device import DeviceArray, asnumpy, copy_into, fill, get_device
 from minidl.nn import init as _init
 
 Shape = Tuple[int, ...]
+
+# A BatchNorm tagged "reconstructed" keeps its input after all (and warns) in a step
+# where some |gamma| is below this: the reconstruction divides by gamma.
+RECONSTRUCT_MIN_GAMMA = 1e-3
 
 
 def _where(a: np.ndarray, like):
@@ -90,12 +100,13 @@ def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
 class Mapped:
     """An activation the fusion pass keeps out of memory: max(x * scale[c] + shift[c],
     0) per channel c of x (the max only when relu; scale and shift (C,) or both None),
-    applied by its readers as they read x."""
+    applied by its readers as they read x.  source: (the BatchNorm2d, its invstd) when
+    the Add that reads it reconstructs x in backward (tag "reconstructed")."""
 
-    __slots__ = ("x", "scale", "shift", "relu")
+    __slots__ = ("x", "scale", "shift", "relu", "source")
 
-    def __init__(self, x, scale=None, shift=None, relu: bool = False):
-        self.x, self.scale, self.shift, self.relu = x, scale, shift, relu
+    def __init__(self, x, scale=None, shift=None, relu: bool = False, source=None):
+        self.x, self.scale, self.shift, self.relu, self.source = x, scale, shift, relu, source
 
     @property
     def shape(self):
@@ -330,6 +341,10 @@ class BatchNorm2d(Layer):
             self.params["bias"].data, running_mean=b["running_mean"],
             running_var=b["running_var"], momentum=self.momentum, eps=self.eps)
         b["num_batches_tracked"] += 1
+        if "reconstructed" in tags and self._reconstructible():
+            # the Add that reads it does this backward, from its sum: x is not kept
+            return Mapped(x, scale, shift, source=(self, invstd)), \
+                (None, mean, invstd, (scale, shift)), None
         if "mapped" in tags:
             y = Mapped(x, scale, shift)
         else:
@@ -340,9 +355,19 @@ class BatchNorm2d(Layer):
                                      if "mapped" in tags else ())
         return y, saved, None
 
+    def _reconstructible(self) -> bool:
+        small = float(np.abs(asnumpy(self.params["weight"].data)).min()) < RECONSTRUCT_MIN_GAMMA
+        if small:
+            warnings.warn(f"a BatchNorm2d has |gamma| < {RECONSTRUCT_MIN_GAMMA:g}: it keeps its "
+                          f"input for backward in this step instead of reconstructing it, "
+                          f"more memory than the plan predicts", RuntimeWarning, stacklevel=3)
+        return not small
+
     def backward(self, dy, saved, need_dx=True):
         x, mean, invstd = saved[:3]
         g, beta = self.params["weight"], self.params["bias"]
+        if x is None:  # reconstructed: the Add after it did this backward
+            return [dy]
         if len(saved) == 4:
             return [self._backward_sync(dy, saved)]
         relu = {}
@@ -417,10 +442,12 @@ class ReLU(Layer):
 
     def forward_fused(self, xs, tags, seed=0, stats=None):
         """"mapped": the Mapped input with the ReLU added to its map (its BatchNorm's
-        backward masks), saved None; "absorbed": the input, already max(., 0)."""
+        backward masks), or the input (an Add's sum) as a Mapped ReLU (the Add's backward
+        masks), saved None; "absorbed": the input, already max(., 0)."""
         x = xs[0]
-        if "mapped" in tags and isinstance(x, Mapped):
-            return Mapped(x.x, x.scale, x.shift, relu=True), None, None
+        if "mapped" in tags:
+            return (Mapped(x.x, x.scale, x.shift, relu=True) if isinstance(x, Mapped)
+                    else Mapped(x, relu=True)), None, None
         if "absorbed" in tags:
             return x, x, None
         return super().forward_fused(xs, tags, seed, stats)
@@ -602,12 +629,29 @@ class Add(Layer):
 
     def forward_fused(self, xs, tags, seed=0, stats=None):
         """Mapped inputs read through their maps, the ReLU after it applied
-        ("applies-relu"), in one pass."""
+        ("applies-relu"), in one pass.  "reconstructs-a" (or "-b"): input a (b) is a
+        BatchNorm's Mapped output whose backward this layer does; the output is the sum
+        before the ReLU (the ReLU after it is mapped), saved with the other input."""
         (a, ma), (b, mb) = _unmapped(xs[0], "a"), _unmapped(xs[1], "b")
-        return ops.affine_add(a, b, relu="applies-relu" in tags, **ma, **mb), None, None
+        y = ops.affine_add(a, b, relu="applies-relu" in tags, **ma, **mb)
+        for i, tag in enumerate(("reconstructs-a", "reconstructs-b")):
+            if tag in tags:
+                return y, (y, xs[1 - i], xs[i].source, i), None
+        return y, None, None
 
     def backward(self, dy, saved, need_dx=True):
-        return [dy, dy]
+        if saved is None:
+            return [dy, dy]
+        s, other, source, i = saved
+        if source is None:  # the BatchNorm kept its input (small gamma): mask only
+            g = ops.relu_backward(s, dy)
+            return [g, g]
+        bn, invstd = source
+        b, m = _unmapped(other, "b")
+        gamma, beta = bn.params["weight"], bn.params["bias"]
+        dx, db, gamma.grad, beta.grad = ops.batch_norm_add_relu_backward(
+            s, b, gamma.data, beta.data, dy, invstd, **m)
+        return [dx, db] if i == 0 else [db, dx]
 
 
 class SoftmaxCrossEntropy:

@@ -19,6 +19,14 @@ Conv+BatchNorm+ReLU for training:
   (tag "applies-relu", the ReLU "absorbed": its output is its input);
 - a ReLU that is the sole reader of an Add or a Conv2d is applied by it the same
   way ("applies-relu" / "absorbed");
+- at a residual block's end, Add (+ ReLU) of a mapped BatchNorm (the Add its sole
+  reader) and another operand that a step keeps anyway (the block's input, or the
+  shortcut's convolution output), the BatchNorm's input is not kept: the Add writes
+  its sum before the ReLU and keeps it, the ReLU is "mapped" (its readers must be
+  Conv2d, Add or MaxPool2d), and the Add's backward does the BatchNorm's, with its
+  input reconstructed from the sum and the other operand (Add tag "reconstructs-a"
+  or "-b" for the BatchNorm's side, BatchNorm tag "reconstructed"; the reconstruction
+  divides by gamma, see minidl.ops.batch_norm_add_relu_backward);
 - where several gradients flow into a node (a residual block's input), a Conv2d
   reader whose backward runs after another reader's adds its input gradient to the
   one already there in its kernel's store instead of a separate sum ("accumulates-dx";
@@ -191,12 +199,47 @@ def fusion(net: Net) -> Dict[str, List[str]]:
         if relu and relu not in tags and "stats" not in tags.get(k, ()):
             tag(k, "applies-relu")
             tag(relu, "absorbed")
+    _reconstruction(net, readers, kind, tags)
     for x, r in readers.items():  # r in plan order: the last one's backward runs first
         if x != INPUT:
             for k in r[:-1]:
                 if kind[k] == "Conv2d":
                     tag(k, "accumulates-dx")
     return tags
+
+
+def _kept(net: Net, tags, root, k: str) -> List[str]:
+    """The storage (node names) step k keeps for backward under the fusion tags."""
+    n = net.nodes[k]
+    layer, t = n.layer, tags.get(k, ())
+    for i, mark in enumerate(("reconstructs-a", "reconstructs-b")):
+        if mark in t:  # its sum, and the other operand to reconstruct from
+            return sorted({root[k], root[n.inputs[1 - i]]})
+    if "reconstructed" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
+        return []
+    return sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
+
+
+def _reconstruction(net: Net, readers, kind, tags) -> None:
+    """The fusion pass's residual-end step (module doc), tags updated in place."""
+    root = storage_of(net, tags)
+    for k, n in net.layers():
+        relu = _sole_reader(net, readers, k, "ReLU") if kind[k] == "Add" else None
+        if relu is None or tags.get(relu) != ["absorbed"] or \
+                not all(kind[r] in MAPPED_READERS for r in readers[relu]):
+            continue
+        for i, x in enumerate(n.inputs):
+            other = root[n.inputs[1 - i]]
+            kept_elsewhere = any(other in _kept(net, tags, root, j)
+                                 for j, _ in net.layers() if j not in (k, x))
+            if kind.get(x) == "BatchNorm2d" and "mapped" in tags[x] and \
+                    "masks-relu" not in tags[x] and readers[x] == [k] and kept_elsewhere:
+                tags[x].append("reconstructed")
+                tags[k] = [t for t in tags[k] if t != "applies-relu"] + ["reconstructs-" + "ab"[i]]
+                tags[relu] = ["mapped"]
+                for r in readers[relu]:
+                    tags.setdefault(r, []).extend(["mapped-in"] * ("mapped-in" not in tags[r]))
+                break
 
 
 def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: int,
@@ -216,13 +259,14 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
         return x + param_bytes + out_bytes, data + x + out_bytes + param_bytes
     if kind == "BatchNorm2d":
         fwd = 0 if "mapped" in tags else (1 if "from-sums" in tags else 2) * x + out_bytes
-        return fwd + param_bytes, 4 * x + dx + param_bytes
+        return fwd + param_bytes, (0 if "reconstructed" in tags else 4 * x + dx) + param_bytes
     if kind == "ReLU":
         if "mapped" in tags:
             return 0, 0
         return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
-    if kind == "Add":
-        return sum(in_bytes) + out_bytes, 0
+    if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
+        return sum(in_bytes) + out_bytes, 8 * x if "reconstructs-a" in tags or \
+            "reconstructs-b" in tags else 0
     if kind == "MaxPool2d":
         return x + out_bytes, x + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
@@ -248,8 +292,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
         layer, tags = n.layer, fused.get(k, [])
         in_shapes = [net.nodes[i].shape for i in n.inputs]
         relu_mapped = isinstance(layer, nn.ReLU) and "mapped" in tags
-        saves = () if relu_mapped else layer.saves
-        kept = sorted({root[n.inputs[0]] if s == "in" else root[k] for s in saves})
+        kept = _kept(net, fused, root, k)
         need_dx = [i != INPUT for i in n.inputs]
         for i, need in zip(n.inputs, need_dx):
             readers[i] += need
@@ -262,7 +305,9 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             output_bytes=0 if root[k] != k else size[k], kept=kept,
             saved_bytes=layer.saved_bytes() * (2 if "mapped" in tags else 1),  # + the map
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
-            fused=list(tags), grad_view=layer.gradient_is_view or relu_mapped,
+            fused=list(tags), grad_view=(layer.gradient_is_view or relu_mapped or
+                                         "reconstructed" in tags) and
+            not {"reconstructs-a", "reconstructs-b"} & set(tags),
             bytes_forward=fwd, bytes_backward=bwd))
     # where several gradients flow into a node they are added: 3 passes each, or 1 more
     # read where a convolution's store adds its own (the first backward makes the array)
@@ -318,6 +363,7 @@ def simulate_activations(net: Net, plan: Plan):
     peak adds the parameter gradients, made by each backward step and kept to the end
     (the executor drops the previous step's at the start of a step)."""
     root = storage_of(net, {s.name: s.fused for s in plan.steps})
+    by_name = {s.name: s for s in plan.steps}
     size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
     last_read = {x: i for i, s in enumerate(plan.steps) for x in s.inputs}
     refs: Dict[tuple, int] = {}
@@ -366,8 +412,13 @@ def simulate_activations(net: Net, plan: Plan):
         s = plan.steps[i]
         dy = grads.pop(s.name, None)
         if dy is not None:
-            if s.param_bytes:
-                new(("param_grad", s.name), s.param_bytes)
+            # parameter gradients: a reconstructed BatchNorm's made by the Add after it
+            owners = [] if "reconstructed" in s.fused else [s.name]
+            owners += [x for x, mark in zip(s.inputs, ("reconstructs-a", "reconstructs-b"))
+                       if mark in s.fused]
+            for k in owners:
+                if by_name[k].param_bytes:
+                    new(("param_grad", k), by_name[k].param_bytes)
             x = s.inputs[0]  # dx added to a gradient nothing else holds (as the Executor)
             adds = "accumulates-dx" in s.fused and x in grads and refs[grads[x]] == 1
             for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):

@@ -111,6 +111,9 @@ int main(void)
     EXPECT_ERROR(mdl_cuda_batch_norm_relu_backward(2, 4, 3, p, p, p, p, p, NULL, p, p, p, p, 0,
                                                    NULL),
                  MDL_ERR_ARG, "scale must not be NULL");
+    EXPECT_ERROR(mdl_cuda_batch_norm_add_relu_backward(2, 4, 3, p, p, &relu_only, p, p, p, p, p,
+                                                       NULL, p, p, 0, NULL),
+                 MDL_ERR_ARG, "db must not be NULL");
 
     if (failures) {
         printf("%d failure(s)\n", failures);
