@@ -451,7 +451,7 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
 }
 /* The reconstructing backward of max(BatchNorm(x) + fb(b), 0) (batchnorm.c's scalar
  * reference says the arithmetic): one sweep writes db and takes sum(g) and sum(g * e),
- * in float over blocks of FLUSH values per lane then double; the second writes dx, last row first. */
+ * in float over blocks of at most FLUSH values per lane then double; the second writes dx, last row first. */
 void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t c1,
                                    const float *s, const float *b, const mdl_affine *fb,
                                    const float *gamma, const float *beta, const float *dy,
@@ -470,31 +470,54 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
         const mdl_affine_ch f = mdl_affine_at(fb, ch);
         const __m256 fs = _mm256_set1_ps(f.s), ft = _mm256_set1_ps(f.t), bt = _mm256_set1_ps(beta[ch]);
 #define E(vs, vb) _mm256_sub_ps(_mm256_sub_ps((vs), mdl_relu8(_mm256_fmadd_ps((vb), fs, ft), f.relu)), bt)
+        /* two float accumulators per sum (even and odd vectors), moved into double
+         * after FLUSH steps */
         __m256d g0 = _mm256_setzero_pd(), g1 = g0, e0 = g0, e1 = g0;
+        __m256 fg0 = zero, fg1 = zero, fe0 = zero, fe1 = zero;
+        int64_t since = 0;
+#define SUMS(vs, vdy, vb, out, FG, FE)                                                   \
+        do {                                                                             \
+            const __m256 g_ = _mm256_and_ps((vdy), _mm256_cmp_ps((vs), zero, _CMP_GT_OQ)); \
+            out;                                                                         \
+            FG = _mm256_add_ps(FG, g_);                                                  \
+            FE = _mm256_fmadd_ps(g_, E((vs), (vb)), FE);                                 \
+        } while (0)
         for (int64_t i = 0; i < n; i++) {
             const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(dy, i, ch);
             float *q = ROW(db, i, ch);
-            __m256 fg = zero, fe = zero;
             int64_t j = 0;
-            for (; j < full; j += 8) {
-                const __m256 vs = _mm256_loadu_ps(ps + j);
-                const __m256 g = _mm256_and_ps(_mm256_loadu_ps(pg + j),
-                                               _mm256_cmp_ps(vs, zero, _CMP_GT_OQ));
-                _mm256_storeu_ps(q + j, g);
-                fg = _mm256_add_ps(fg, g);
-                fe = _mm256_fmadd_ps(g, E(vs, _mm256_loadu_ps(pb + j)), fe);
-                if ((j / 8 + 1) % FLUSH == 0) flush(&g0, &g1, &fg), flush(&e0, &e1, &fe);
+            for (; j + 16 <= full; j += 16) {
+                const __m256 va = _mm256_loadu_ps(ps + j), vb = _mm256_loadu_ps(ps + j + 8);
+                SUMS(va, _mm256_loadu_ps(pg + j), _mm256_loadu_ps(pb + j),
+                     _mm256_storeu_ps(q + j, g_), fg0, fe0);
+                SUMS(vb, _mm256_loadu_ps(pg + j + 8), _mm256_loadu_ps(pb + j + 8),
+                     _mm256_storeu_ps(q + j + 8, g_), fg1, fe1);
+                if (++since == FLUSH) {
+                    flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+                    flush(&e0, &e1, &fe0), flush(&e0, &e1, &fe1);
+                    since = 0;
+                }
+            }
+            if (j < full) {
+                const __m256 va = _mm256_loadu_ps(ps + j);
+                SUMS(va, _mm256_loadu_ps(pg + j), _mm256_loadu_ps(pb + j),
+                     _mm256_storeu_ps(q + j, g_), fg0, fe0);
+                j += 8;
             }
             if (j < hw) { /* masked-off lanes: s = 0, so g = 0 */
-                const __m256 vs = _mm256_maskload_ps(ps + j, tail);
-                const __m256 g = _mm256_and_ps(_mm256_maskload_ps(pg + j, tail),
-                                               _mm256_cmp_ps(vs, zero, _CMP_GT_OQ));
-                _mm256_maskstore_ps(q + j, tail, g);
-                fg = _mm256_add_ps(fg, g);
-                fe = _mm256_fmadd_ps(g, E(vs, _mm256_maskload_ps(pb + j, tail)), fe);
+                const __m256 va = _mm256_maskload_ps(ps + j, tail);
+                SUMS(va, _mm256_maskload_ps(pg + j, tail), _mm256_maskload_ps(pb + j, tail),
+                     _mm256_maskstore_ps(q + j, tail, g_), fg1, fe1);
             }
-            flush(&g0, &g1, &fg), flush(&e0, &e1, &fe);
+            if ((hw & 15) && ++since >= FLUSH) {
+                flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+                flush(&e0, &e1, &fe0), flush(&e0, &e1, &fe1);
+                since = 0;
+            }
         }
+#undef SUMS
+        flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
+        flush(&e0, &e1, &fe0), flush(&e0, &e1, &fe1);
         const double r = 1.0 / ((double)gamma[ch] * (double)invstd[ch]);
         float a, bc, k;
         mdl_bn_finish_backward(m, mdl_hsum_pd(_mm256_add_pd(g0, g1)),
