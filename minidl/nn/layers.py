@@ -30,9 +30,8 @@ therefore not kept.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
-
 import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 

@@ -208,13 +208,22 @@ def fusion(net: Net) -> Dict[str, List[str]]:
     return tags
 
 
+def _reconstructs(tags) -> Optional[int]:
+    """Which input of an Add is the BatchNorm whose backward it does (tag
+    "reconstructs-a" or "-b"), or None."""
+    for i, mark in enumerate(("reconstructs-a", "reconstructs-b")):
+        if mark in tags:
+            return i
+    return None
+
+
 def _kept(net: Net, tags, root, k: str) -> List[str]:
     """The storage (node names) step k keeps for backward under the fusion tags."""
     n = net.nodes[k]
     layer, t = n.layer, tags.get(k, ())
-    for i, mark in enumerate(("reconstructs-a", "reconstructs-b")):
-        if mark in t:  # its sum, and the other operand to reconstruct from
-            return sorted({root[k], root[n.inputs[1 - i]]})
+    i = _reconstructs(t)
+    if i is not None:  # its sum, and the other operand to reconstruct from
+        return sorted({root[k], root[n.inputs[1 - i]]})
     if "reconstructed" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
         return []
     return sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
@@ -229,17 +238,20 @@ def _reconstruction(net: Net, readers, kind, tags) -> None:
                 not all(kind[r] in MAPPED_READERS for r in readers[relu]):
             continue
         for i, x in enumerate(n.inputs):
+            if kind.get(x) != "BatchNorm2d" or "mapped" not in tags[x] or \
+                    "masks-relu" in tags[x] or readers[x] != [k]:
+                continue
             other = root[n.inputs[1 - i]]
-            kept_elsewhere = any(other in _kept(net, tags, root, j)
-                                 for j, _ in net.layers() if j not in (k, x))
-            if kind.get(x) == "BatchNorm2d" and "mapped" in tags[x] and \
-                    "masks-relu" not in tags[x] and readers[x] == [k] and kept_elsewhere:
-                tags[x].append("reconstructed")
-                tags[k] = [t for t in tags[k] if t != "applies-relu"] + ["reconstructs-" + "ab"[i]]
-                tags[relu] = ["mapped"]
-                for r in readers[relu]:
-                    tags.setdefault(r, []).extend(["mapped-in"] * ("mapped-in" not in tags[r]))
-                break
+            if not any(other in _kept(net, tags, root, j)
+                       for j, _ in net.layers() if j not in (k, x)):
+                continue
+            tags[x].append("reconstructed")
+            tags[k] = [t for t in tags[k] if t != "applies-relu"] + ["reconstructs-" + "ab"[i]]
+            tags[relu] = ["mapped"]
+            for r in readers[relu]:
+                if "mapped-in" not in tags.setdefault(r, []):
+                    tags[r].append("mapped-in")
+            break
 
 
 def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: int,
@@ -265,8 +277,7 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
             return 0, 0
         return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
     if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
-        return sum(in_bytes) + out_bytes, 8 * x if "reconstructs-a" in tags or \
-            "reconstructs-b" in tags else 0
+        return sum(in_bytes) + out_bytes, 0 if _reconstructs(tags) is None else 8 * x
     if kind == "MaxPool2d":
         return x + out_bytes, x + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
@@ -305,9 +316,8 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             output_bytes=0 if root[k] != k else size[k], kept=kept,
             saved_bytes=layer.saved_bytes() * (2 if "mapped" in tags else 1),  # + the map
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
-            fused=list(tags), grad_view=(layer.gradient_is_view or relu_mapped or
-                                         "reconstructed" in tags) and
-            not {"reconstructs-a", "reconstructs-b"} & set(tags),
+            fused=list(tags), grad_view=_reconstructs(tags) is None and (
+                layer.gradient_is_view or relu_mapped or "reconstructed" in tags),
             bytes_forward=fwd, bytes_backward=bwd))
     # where several gradients flow into a node they are added: 3 passes each, or 1 more
     # read where a convolution's store adds its own (the first backward makes the array)
@@ -414,8 +424,8 @@ def simulate_activations(net: Net, plan: Plan):
         if dy is not None:
             # parameter gradients: a reconstructed BatchNorm's made by the Add after it
             owners = [] if "reconstructed" in s.fused else [s.name]
-            owners += [x for x, mark in zip(s.inputs, ("reconstructs-a", "reconstructs-b"))
-                       if mark in s.fused]
+            if _reconstructs(s.fused) is not None:
+                owners.append(s.inputs[_reconstructs(s.fused)])
             for k in owners:
                 if by_name[k].param_bytes:
                     new(("param_grad", k), by_name[k].param_bytes)
