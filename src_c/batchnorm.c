@@ -256,6 +256,7 @@ mdl_status mdl_batch_norm_add_relu_backward(int64_t n, int64_t c, int64_t hw, co
     MDL_CHECK_PTR(beta);
     MDL_CHECK_PTR(db);
     MDL_CHECK_PTR(save_invstd);
+    /* the shared check; no mean here, save_invstd stands in for it (checked above) */
     st = mdl_bn_check_backward_args(fn, s, gamma, dy, save_invstd, save_invstd, dx, dgamma,
                                     dbeta);
     if (st != MDL_OK) return st;

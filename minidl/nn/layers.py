@@ -46,6 +46,15 @@ Shape = Tuple[int, ...]
 RECONSTRUCT_MIN_GAMMA = 1e-3
 
 
+def reconstructed_input(tags) -> Optional[int]:
+    """Which input of an Add is the BatchNorm whose backward it does (fusion tag
+    "reconstructs-a" or "-b"), or None."""
+    for i, mark in enumerate(("reconstructs-a", "reconstructs-b")):
+        if mark in tags:
+            return i
+    return None
+
+
 def _where(a: np.ndarray, like):
     """The host array a, moved to the device `like` lives on."""
     return like.device.to_device(a) if isinstance(like, DeviceArray) else a
@@ -633,10 +642,8 @@ class Add(Layer):
         before the ReLU (the ReLU after it is mapped), saved with the other input."""
         (a, ma), (b, mb) = _unmapped(xs[0], "a"), _unmapped(xs[1], "b")
         y = ops.affine_add(a, b, relu="applies-relu" in tags, **ma, **mb)
-        for i, tag in enumerate(("reconstructs-a", "reconstructs-b")):
-            if tag in tags:
-                return y, (y, xs[1 - i], xs[i].source, i), None
-        return y, None, None
+        i = reconstructed_input(tags)
+        return y, None if i is None else (y, xs[1 - i], xs[i].source, i), None
 
     def backward(self, dy, saved, need_dx=True):
         if saved is None:

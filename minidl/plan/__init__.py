@@ -54,6 +54,7 @@ import numpy as np
 from minidl import nn
 from minidl.device import Device, canonical_name
 from minidl.graph import INPUT, Net
+from minidl.nn.layers import reconstructed_input
 
 F32 = 4
 LABEL_BYTES = 8  # int64 class indices
@@ -208,20 +209,11 @@ def fusion(net: Net) -> Dict[str, List[str]]:
     return tags
 
 
-def _reconstructs(tags) -> Optional[int]:
-    """Which input of an Add is the BatchNorm whose backward it does (tag
-    "reconstructs-a" or "-b"), or None."""
-    for i, mark in enumerate(("reconstructs-a", "reconstructs-b")):
-        if mark in tags:
-            return i
-    return None
-
-
 def _kept(net: Net, tags, root, k: str) -> List[str]:
     """The storage (node names) step k keeps for backward under the fusion tags."""
     n = net.nodes[k]
     layer, t = n.layer, tags.get(k, ())
-    i = _reconstructs(t)
+    i = reconstructed_input(t)
     if i is not None:  # its sum, and the other operand to reconstruct from
         return sorted({root[k], root[n.inputs[1 - i]]})
     if "reconstructed" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
@@ -277,7 +269,7 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
             return 0, 0
         return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
     if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
-        return sum(in_bytes) + out_bytes, 0 if _reconstructs(tags) is None else 8 * x
+        return sum(in_bytes) + out_bytes, 0 if reconstructed_input(tags) is None else 8 * x
     if kind == "MaxPool2d":
         return x + out_bytes, x + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
@@ -316,7 +308,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             output_bytes=0 if root[k] != k else size[k], kept=kept,
             saved_bytes=layer.saved_bytes() * (2 if "mapped" in tags else 1),  # + the map
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
-            fused=list(tags), grad_view=_reconstructs(tags) is None and (
+            fused=list(tags), grad_view=reconstructed_input(tags) is None and (
                 layer.gradient_is_view or relu_mapped or "reconstructed" in tags),
             bytes_forward=fwd, bytes_backward=bwd))
     # where several gradients flow into a node they are added: 3 passes each, or 1 more
@@ -424,8 +416,9 @@ def simulate_activations(net: Net, plan: Plan):
         if dy is not None:
             # parameter gradients: a reconstructed BatchNorm's made by the Add after it
             owners = [] if "reconstructed" in s.fused else [s.name]
-            if _reconstructs(s.fused) is not None:
-                owners.append(s.inputs[_reconstructs(s.fused)])
+            bn = reconstructed_input(s.fused)
+            if bn is not None:
+                owners.append(s.inputs[bn])
             for k in owners:
                 if by_name[k].param_bytes:
                     new(("param_grad", k), by_name[k].param_bytes)
