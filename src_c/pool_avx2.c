@@ -57,26 +57,56 @@ ALWAYS_INLINE __m256i in_row(__m256i cols, __m256i wv)
                                _mm256_cmpgt_epi32(wv, cols));
 }
 
-/* As load_strided, for windows at the row's ends: lane l is p[l s] where its
- * column c0 + l s lies in [0, w), else -inf; nothing outside the row is read
- * (masked loads), so p may point before the row. */
-ALWAYS_INLINE __m256 load_strided_masked(const float *p, const int mode, __m256i offs, int64_t c0,
-                                         __m256i wv)
+/* The lanes of a tap at the row's ends that lie in [0, w): ok for the 8 values the
+ * tap takes (columns c0 + l s), a and b for the two loads of the stride-2 mode. */
+typedef struct tap_masks {
+    __m256i ok, a, b;
+} tap_masks;
+
+ALWAYS_INLINE tap_masks tap_masks_at(int64_t c0, __m256i offs, __m256i wv)
 {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i base = _mm256_set1_epi32((int)c0);
-    const __m256i ok = in_row(_mm256_add_epi32(base, offs), wv);
+    tap_masks t;
+    t.ok = in_row(_mm256_add_epi32(base, offs), wv);
+    t.a = in_row(_mm256_add_epi32(base, lane), wv);
+    t.b = in_row(_mm256_add_epi32(base, _mm256_add_epi32(lane, _mm256_set1_epi32(7))), wv);
+    return t;
+}
+
+/* As load_strided, for windows at the row's ends: lane l is p[l s] where its
+ * column lies in [0, w) (masks t), else -inf; nothing outside the row is read
+ * (masked loads), so p may point before the row. */
+ALWAYS_INLINE __m256 load_strided_masked(const float *p, const int mode, __m256i offs,
+                                         const tap_masks *t)
+{
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    if (mode == LOAD_S1) return _mm256_blendv_ps(ninf, _mm256_maskload_ps(p, ok), _mm256_castsi256_ps(ok));
+    if (mode == LOAD_S1)
+        return _mm256_blendv_ps(ninf, _mm256_maskload_ps(p, t->ok), _mm256_castsi256_ps(t->ok));
     if (mode == LOAD_S2) {
-        __m256 a = _mm256_maskload_ps(p, in_row(_mm256_add_epi32(base, lane), wv));
-        __m256 b = _mm256_maskload_ps(p + 7, in_row(_mm256_add_epi32(base, _mm256_add_epi32(lane,
-                                                                   _mm256_set1_epi32(7))), wv));
-        __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
-        t = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
-        return _mm256_blendv_ps(ninf, t, _mm256_castsi256_ps(ok));
+        __m256 a = _mm256_maskload_ps(p, t->a);
+        __m256 b = _mm256_maskload_ps(p + 7, t->b);
+        __m256 v = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
+        v = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
+        return _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(t->ok));
     }
-    return _mm256_mask_i32gather_ps(ninf, p, offs, _mm256_castsi256_ps(ok), 4);
+    return _mm256_mask_i32gather_ps(ninf, p, offs, _mm256_castsi256_ps(t->ok), 4);
+}
+
+/* The masks of taps kx < kw of the group whose first window starts at column c, in
+ * t[kx], computed once per group rather than once per tap (windows of up to
+ * HOIST_KW columns; wider ones compute them per tap). */
+#define HOIST_KW 8
+ALWAYS_INLINE void group_masks(const mdl_pool_geom *g, int64_t c, __m256i offs, tap_masks *t)
+{
+    const __m256i wv = _mm256_set1_epi32((int)g->w);
+    for (int64_t kx = 0; kx < g->kw && kx < HOIST_KW; kx++) t[kx] = tap_masks_at(c + kx, offs, wv);
+}
+
+ALWAYS_INLINE tap_masks group_mask(const mdl_pool_geom *g, int64_t c, int64_t kx, __m256i offs,
+                                   const tap_masks *t)
+{
+    return kx < HOIST_KW ? t[kx] : tap_masks_at(c + kx, offs, _mm256_set1_epi32((int)g->w));
 }
 
 /* ---- max pooling ---------------------------------------------------------- */
@@ -127,12 +157,14 @@ ALWAYS_INLINE void max_vec2(const mdl_pool_geom *g, const float *x, int64_t hs, 
 ALWAYS_INLINE __m256 max_vec_masked(const mdl_pool_geom *g, const float *x, int64_t hs,
                                     int64_t he, int64_t o, const int mode, __m256i offs)
 {
-    const __m256i wv = _mm256_set1_epi32((int)g->w);
     const int64_t c = o * g->sw - g->pw;
+    tap_masks t[HOIST_KW];
+    group_masks(g, c, offs, t);
     __m256 m = _mm256_set1_ps(-INFINITY);
     for (int64_t ih = hs; ih < he; ih++)
         for (int64_t kx = 0; kx < g->kw; kx++) {
-            __m256 v = load_strided_masked(x + ih * g->w + c + kx, mode, offs, c + kx, wv);
+            const tap_masks tk = group_mask(g, c, kx, offs, t);
+            __m256 v = load_strided_masked(x + ih * g->w + c + kx, mode, offs, &tk);
             m = _mm256_blendv_ps(m, v, max_take(v, m));
         }
     return m;
@@ -194,7 +226,6 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
                                   float *dx, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
-    const __m256i wv = _mm256_set1_epi32((int)g->w);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     const int64_t wo = g->wo;
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
@@ -213,20 +244,29 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
             const int inside = interior(g, o);
             const float *base = x + c;
             const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)c), offs);
+            tap_masks t[HOIST_KW];
+            if (!inside) group_masks(g, c, offs, t);
             __m256 m = ninf;
             /* before any tap is taken: the window's first tap in the row */
             __m256i idx = _mm256_add_epi32(_mm256_max_epi32(col, _mm256_setzero_si256()),
                                            _mm256_set1_epi32((int)(hs * g->w)));
-            for (int64_t ih = hs; ih < he; ih++)
+            for (int64_t ih = hs; ih < he; ih++) {
+                __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w)));
                 for (int64_t kx = 0; kx < g->kw; kx++) {
                     const float *p = base + ih * g->w + kx;
-                    __m256 v = inside ? load_strided(p, mode, offs)
-                                      : load_strided_masked(p, mode, offs, c + kx, wv);
+                    __m256 v;
+                    if (inside) {
+                        v = load_strided(p, mode, offs);
+                    } else {
+                        const tap_masks tk = group_mask(g, c, kx, offs, t);
+                        v = load_strided_masked(p, mode, offs, &tk);
+                    }
                     __m256 take = max_take(v, m);
                     m = _mm256_blendv_ps(m, v, take);
-                    __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w + kx)));
                     idx = _mm256_blendv_epi8(idx, cur, _mm256_castps_si256(take));
+                    cur = _mm256_add_epi32(cur, _mm256_set1_epi32(1));
                 }
+            }
             int32_t at[8];
             _mm256_storeu_si256((__m256i *)at, idx);
             for (int j = (int)(ow - o); j < 8; j++) dx[at[j]] += dyrow[o + j]; /* new lanes only */

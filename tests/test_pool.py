@@ -32,6 +32,7 @@ CASES = [
     (1, 2, 3, 1100, (3, 3), (2, 2), (1, 1), True),   # wider than one column chunk
     (1, 1, 2, 1500, (3, 3), (3, 3), (0, 1), True),   # likewise, stride 3
     (1, 2, 2, 100, (1, 65), (1, 3), (0, 32), False),  # very wide window
+    (1, 2, 6, 40, (3, 9), (2, 2), (1, 4), True),      # 9 columns: border masks per tap
     (1, 2, 4, 4, (4, 4), (1, 1), (2, 2), True),      # pad = kernel / 2
     (1, 2, 2, 2, (3, 3), (3, 3), (0, 0), True),      # ceil mode: kernel larger than the input
     (2, 3, 16, 16, (3, 3), (2, 2), (0, 0), True),    # cifar10_quick: interior under 8 columns
