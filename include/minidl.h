@@ -241,6 +241,17 @@ MDL_API mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const
 MDL_API mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                                  const mdl_affine *in, const float *dy,
                                                  float *dx);
+/* Max pooling (of x read through `in`, as above; NULL: x as it is) that also writes
+ * each output's tap, the position of its window's maximum as ky * kw + kx from the
+ * window's unclipped top-left corner (n, c, h_out, w_out bytes; windows of at most
+ * 256 elements), so that the backward needs the taps (1 byte per output) instead of
+ * x.  The backward overwrites dx with the scatter of dy to the taps, the same sums
+ * as mdl_max_pool2d_backward(_fused); a tap outside its window's part inside the
+ * input is an error. */
+MDL_API mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                                 const mdl_affine *in, float *y, uint8_t *tap);
+MDL_API mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
+                                                  const float *dy, float *dx);
 /* Mean over each window counting padding (count_include_pad=True). */
 MDL_API mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
 MDL_API mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx);

@@ -56,6 +56,10 @@
  *  - mdl_cuda_batch_norm_add_relu_backward cannot check gamma * save_invstd
  *    (device memory) on the host: a channel whose gamma or save_invstd is zero
  *    or not finite gets NaN in dx.
+ *  - mdl_cuda_max_pool2d_backward_argmax cannot check the taps (device memory)
+ *    on the host: a tap that names no element of the input (one that does not
+ *    come from mdl_cuda_max_pool2d_forward_argmax with the same shape) adds
+ *    nothing to dx.
  *  - The size helpers (*_workspace_size, *_output_size) run on the host and
  *    take no stream.
  *  - Results agree with the CPU kernels to float32 rounding (sums are taken
@@ -194,6 +198,18 @@ MDL_API mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, 
 MDL_API mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                                       const mdl_affine *in, const float *dy,
                                                       float *dx, mdl_cuda_stream stream);
+/* The max pooling of x read through `in` (NULL: x as it is; see
+ * mdl_max_pool2d_forward_argmax), with tap (n, c, h_out, w_out) = the tap of each
+ * window's first maximum, ky * kw + kx from the window's unclipped top-left corner
+ * (windows of at most 256 elements). */
+MDL_API mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                                      const mdl_affine *in, float *y,
+                                                      uint8_t *tap, mdl_cuda_stream stream);
+/* dx overwritten; each dy goes to the element its tap names (no x read).  The taps must
+ * come from mdl_cuda_max_pool2d_forward_argmax with the same shape. */
+MDL_API mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s,
+                                                       const uint8_t *tap, const float *dy,
+                                                       float *dx, mdl_cuda_stream stream);
 MDL_API mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x,
                                                float *y, mdl_cuda_stream stream);
 MDL_API mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,

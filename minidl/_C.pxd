@@ -1,5 +1,5 @@
 # Mirror of include/minidl.h, one to one.
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 cdef extern from "minidl.h" nogil:
     ctypedef enum mdl_status:
@@ -85,6 +85,10 @@ cdef extern from "minidl.h" nogil:
                                             const mdl_affine *in_, float *y)
     mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                              const mdl_affine *in_, const float *dy, float *dx)
+    mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                             const mdl_affine *in_, float *y, uint8_t *tap)
+    mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
+                                              const float *dy, float *dx)
     mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
     mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
     mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,

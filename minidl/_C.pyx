@@ -5,7 +5,7 @@ Validation, shapes and output allocation live in minidl/ops.py.  Every kernel
 call releases the GIL.  Arrays are 1-D C-contiguous views (``a.reshape(-1)``);
 None stands for a NULL pointer where the C API allows one.
 """
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 
 class MinidlError(RuntimeError):
@@ -260,6 +260,29 @@ def max_pool2d_backward_fused(tuple shape, const float[::1] x, const float[::1] 
     cdef mdl_status st
     with nogil:
         st = mdl_max_pool2d_backward_fused(&ps, cptr(x), fp, cptr(dy), mptr(dx))
+    check(st)
+
+
+def max_pool2d_forward_argmax(tuple shape, const float[::1] x, const float[::1] in_scale,
+                              const float[::1] in_shift, bint in_relu, float[::1] y,
+                              uint8_t[::1] tap):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef uint8_t *tp = &tap[0] if tap is not None and tap.shape[0] > 0 else NULL
+    cdef mdl_status st
+    with nogil:
+        st = mdl_max_pool2d_forward_argmax(&ps, cptr(x), fp, mptr(y), tp)
+    check(st)
+
+
+def max_pool2d_backward_argmax(tuple shape, const uint8_t[::1] tap, const float[::1] dy,
+                               float[::1] dx):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef const uint8_t *tp = &tap[0] if tap is not None and tap.shape[0] > 0 else NULL
+    cdef mdl_status st
+    with nogil:
+        st = mdl_max_pool2d_backward_argmax(&ps, tp, cptr(dy), mptr(dx))
     check(st)
 
 

@@ -1,5 +1,5 @@
 # Mirror of include/minidl_cuda.h, one to one (minidl.h's types come from _C.pxd).
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape, mdl_affine
 
 cdef extern from "minidl_cuda.h" nogil:
@@ -63,6 +63,12 @@ cdef extern from "minidl_cuda.h" nogil:
     mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                                   const mdl_affine *in_, const float *dy,
                                                   float *dx, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                                  const mdl_affine *in_, float *y, uint8_t *tap,
+                                                  mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
+                                                   const float *dy, float *dx,
+                                                   mdl_cuda_stream stream)
     mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
                                            mdl_cuda_stream stream)
     mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,

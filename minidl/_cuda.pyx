@@ -23,7 +23,7 @@ workspace, MemoryError when out of memory, minidl._C.MinidlError otherwise
 (a CUDA error: no device, a failed launch), with the library's message.
 Validation of shapes against buffers is the caller's job (minidl/device/).
 """
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from minidl._C cimport (MDL_OK, MDL_ERR_ARG, MDL_ERR_WORKSPACE, MDL_ERR_ALLOC,
                         MDL_ERR_UNSUPPORTED, MDL_ERR_DEVICE, conv_shape, pool_shape)
 
@@ -251,6 +251,28 @@ def max_pool2d_backward_fused(tuple shape, uintptr_t x, uintptr_t in_scale, uint
     with nogil:
         st = mdl_cuda_max_pool2d_backward_fused(&ps, cptr(x), fin, cptr(dy), mptr(dx),
                                                 sptr(stream))
+    check(st)
+
+
+def max_pool2d_forward_argmax(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
+                              bint in_relu, uintptr_t y, uintptr_t tap, uintptr_t stream=0):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_max_pool2d_forward_argmax(&ps, cptr(x), fin, mptr(y), <uint8_t *>tap,
+                                                sptr(stream))
+    check(st)
+
+
+def max_pool2d_backward_argmax(tuple shape, uintptr_t tap, uintptr_t dy, uintptr_t dx,
+                               uintptr_t stream=0):
+    cdef mdl_pool2d_shape ps = pool_shape(shape)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_max_pool2d_backward_argmax(&ps, <const uint8_t *>tap, cptr(dy), mptr(dx),
+                                                 sptr(stream))
     check(st)
 
 

@@ -457,6 +457,55 @@ def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
     return dx
 
 
+MAX_POOL_TAPS = 256  # a max pooling window's tap is one byte
+
+
+def max_pool2d_argmax(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
+                      padding: IntPair = 0, ceil_mode: bool = False,
+                      x_scale: Optional[np.ndarray] = None, x_shift: Optional[np.ndarray] = None,
+                      x_relu: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """(y, tap): max_pool2d(x, ...) and, per output, the position of its window's
+    maximum as ky * kw + kx from the window's top-left corner (padding included), uint8
+    (N, C, H_out, W_out), which is all max_pool2d_backward_argmax needs (1 byte per
+    output instead of x).  Windows of at most 256 elements.  Arguments as max_pool2d."""
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    if shape[4] * shape[5] > MAX_POOL_TAPS:
+        raise ValueError(f"a window of {shape[4]} x {shape[5]} elements has more than "
+                         f"{MAX_POOL_TAPS} taps: its tap does not fit a byte (use max_pool2d)")
+    x_scale, x_shift = _input_map(x, x_scale, x_shift)
+    k = _kernels(x=x, x_scale=x_scale, x_shift=x_shift)
+    y = _empty(x, x.shape[:2] + (ho, wo))
+    tap = _empty(x, y.shape, np.uint8)
+    if y.size:
+        k.max_pool2d_forward_argmax(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
+                                    y.reshape(-1), tap.reshape(-1))
+    return y, tap
+
+
+def max_pool2d_backward_argmax(tap: np.ndarray, dy: np.ndarray, x_shape: Tuple[int, ...],
+                               kernel_size: IntPair, *, stride: Optional[IntPair] = None,
+                               padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
+    """dx (x_shape) for max_pool2d_argmax(x, ...) from its taps: dy goes to each window's
+    maximum, summed where windows overlap, the same sums as max_pool2d_backward."""
+    x_shape, shape, (ho, wo) = _pool_args(tuple(x_shape), kernel_size, stride, padding,
+                                          ceil_mode)
+    n, c = shape[0], shape[1]
+    dy = _pool_dy(dy, n, c, ho, wo)
+    host = isinstance(tap, np.ndarray)
+    if not host and not isinstance(tap, DeviceArray):
+        raise _not_array("tap", tap)
+    if tap.dtype != np.uint8 or tuple(tap.shape) != (n, c, ho, wo):
+        raise ValueError(f"tap must be uint8 of shape {(n, c, ho, wo)} (from "
+                         f"max_pool2d_argmax), got {tap.dtype} {tuple(tap.shape)}")
+    if host:
+        tap = np.ascontiguousarray(tap)
+    k = _kernels(tap=tap, dy=dy)
+    dx = _empty(dy, x_shape)
+    if dx.size:
+        k.max_pool2d_backward_argmax(shape, tap.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
 def avg_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
                padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
     """Mean over each window, padding counted [torch.nn.functional.avg_pool2d,

@@ -39,6 +39,19 @@ void mdl_max_pool_back_cols_scalar(const mdl_pool_geom *g, const float *x, const
     }
 }
 
+void mdl_max_pool_tap_cols_scalar(const mdl_pool_geom *g, const float *x, float *y,
+                                  uint8_t *tap, int64_t oh, int64_t ow0, int64_t ow1)
+{
+    int64_t hs, he, ws, we, span;
+    const int64_t r0 = oh * g->sh - g->ph;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+    for (int64_t ow = ow0; ow < ow1; ow++) {
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, g->w, &ws, &we, &span);
+        const int64_t best = mdl_pool_argmax(x, g->w, hs, he, ws, we, &y[oh * g->wo + ow]);
+        tap[ow] = (uint8_t)((best / g->w - r0) * g->kw + best % g->w - (ow * g->sw - g->pw));
+    }
+}
+
 /* y[oh][ow0:ow1] = sum over the in-bounds part of each window / padded window size */
 void mdl_avg_pool_cols_scalar(const mdl_pool_geom *g, const float *x, float *y, int64_t oh,
                               int64_t ow0, int64_t ow1)
@@ -78,6 +91,13 @@ void mdl_max_pool_back_plane_scalar(const mdl_pool_geom *g, const float *x, cons
 {
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
     for (int64_t oh = 0; oh < g->ho; oh++) mdl_max_pool_back_cols_scalar(g, x, dy, dx, oh, 0, g->wo);
+}
+
+void mdl_max_pool_tap_plane_scalar(const mdl_pool_geom *g, const float *x, float *y,
+                                   uint8_t *tap)
+{
+    for (int64_t oh = 0; oh < g->ho; oh++)
+        mdl_max_pool_tap_cols_scalar(g, x, y, tap + oh * g->wo, oh, 0, g->wo);
 }
 
 void mdl_avg_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y)
@@ -166,7 +186,7 @@ mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int
  * itself): with a map, each thread reads its planes through it into a plane of its own
  * and pools that. */
 static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, const float *x,
-                           const mdl_affine *in, const float *dy, float *out)
+                           const mdl_affine *in, const float *dy, float *out, uint8_t *tap)
 {
     mdl_pool_geom g;
     mdl_status st = pool_geom(fn, s, &g);
@@ -207,7 +227,10 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
                 else mdl_affine_row_scalar(xp, hw, f, mine);
                 xp = mine;
             }
-            if (!back) {
+            if (tap) {
+                if (avx2) mdl_max_pool_tap_plane_avx2(&g, xp, out + p * ohw, tap + p * ohw);
+                else mdl_max_pool_tap_plane_scalar(&g, xp, out + p * ohw, tap + p * ohw);
+            } else if (!back) {
                 if (avx2) mdl_max_pool_plane_avx2(&g, xp, out + p * ohw);
                 else mdl_max_pool_plane_scalar(&g, xp, out + p * ohw);
             } else if (avx2) {
@@ -223,25 +246,82 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
 
 mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
 {
-    return max_pool(__func__, 0, s, x, NULL, NULL, y);
+    return max_pool(__func__, 0, s, x, NULL, NULL, y, NULL);
 }
 
 mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy,
                                    float *dx)
 {
-    return max_pool(__func__, 1, s, x, NULL, dy, dx);
+    return max_pool(__func__, 1, s, x, NULL, dy, dx, NULL);
 }
 
 mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
                                         const mdl_affine *in, float *y)
 {
-    return max_pool(__func__, 0, s, x, in, NULL, y);
+    return max_pool(__func__, 0, s, x, in, NULL, y, NULL);
 }
 
 mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                          const mdl_affine *in, const float *dy, float *dx)
 {
-    return max_pool(__func__, 1, s, x, in, dy, dx);
+    return max_pool(__func__, 1, s, x, in, dy, dx, NULL);
+}
+
+#define MAX_TAPS 256 /* a tap is one byte */
+
+mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                         const mdl_affine *in, float *y, uint8_t *tap)
+{
+    const char *fn = __func__;
+    MDL_CHECK(s == NULL || s->kh * s->kw <= MAX_TAPS,
+              "%s: the tap of a window of %lld x %lld elements does not fit a byte (at most %d)",
+              fn, (long long)s->kh, (long long)s->kw, MAX_TAPS);
+    MDL_CHECK(tap != NULL, "%s: tap must not be NULL", fn);
+    return max_pool(fn, 0, s, x, in, NULL, y, tap);
+}
+
+/* dx of one plane from the taps: each window's dy added at its tap, windows in order
+ * (the scatter order of mdl_max_pool_back_plane_scalar, so the sums are the same);
+ * to_row / to_col: a tap's offsets in its window.  0, or 1 for a tap outside the
+ * window's in-bounds part. */
+static int max_pool_back_taps(const mdl_pool_geom *g, const uint8_t *tap, const float *dy,
+                              float *dx, const int64_t *to_row, const int64_t *to_col)
+{
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
+    const int64_t taps = g->kh * g->kw;
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        const int64_t r0 = oh * g->sh - g->ph;
+        for (int64_t ow = 0; ow < g->wo; ow++) {
+            const int64_t t = tap[oh * g->wo + ow];
+            if (t >= taps) return 1;
+            const int64_t r = r0 + to_row[t], c = ow * g->sw - g->pw + to_col[t];
+            if (r < 0 || r >= g->h || c < 0 || c >= g->w) return 1;
+            dx[r * g->w + c] += dy[oh * g->wo + ow];
+        }
+    }
+    return 0;
+}
+
+mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
+                                          const float *dy, float *dx)
+{
+    const char *fn = __func__;
+    mdl_pool_geom g;
+    mdl_status st = pool_geom(fn, s, &g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK(g.kh * g.kw <= MAX_TAPS, "%s: the tap of a window of %lld x %lld elements does "
+              "not fit a byte (at most %d)", fn, (long long)g.kh, (long long)g.kw, MAX_TAPS);
+    MDL_CHECK(tap != NULL && dy != NULL && dx != NULL, "%s: tap, dy and dx must not be NULL", fn);
+    int64_t to_row[MAX_TAPS], to_col[MAX_TAPS];
+    for (int64_t t = 0; t < g.kh * g.kw; t++) to_row[t] = t / g.kw, to_col[t] = t % g.kw;
+    const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
+    int bad = 0, nt = mdl_threads_for((double)planes * (double)(ohw + hw));
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    for (int64_t p = 0; p < planes; p++)
+        bad |= max_pool_back_taps(&g, tap + p * ohw, dy + p * ohw, dx + p * hw, to_row, to_col);
+    MDL_CHECK(!bad, "%s: a tap lies outside its window's part inside the input: the taps must "
+              "come from mdl_max_pool2d_forward_argmax with the same shape", fn);
+    return MDL_OK;
 }
 
 mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)

@@ -53,6 +53,10 @@ void mdl_max_pool_cols_scalar(const mdl_pool_geom *g, const float *x, float *y, 
                               int64_t ow0, int64_t ow1);
 void mdl_max_pool_back_cols_scalar(const mdl_pool_geom *g, const float *x, const float *dy,
                                    float *dx, int64_t oh, int64_t ow0, int64_t ow1);
+/* As mdl_max_pool_cols_scalar, and tap[ow] = the winner's tap in its window, ky * kw + kx
+ * from the window's unclipped corner (tap points at the output row). */
+void mdl_max_pool_tap_cols_scalar(const mdl_pool_geom *g, const float *x, float *y,
+                                  uint8_t *tap, int64_t oh, int64_t ow0, int64_t ow1);
 void mdl_avg_pool_cols_scalar(const mdl_pool_geom *g, const float *x, float *y, int64_t oh,
                               int64_t ow0, int64_t ow1);
 void mdl_avg_pool_back_cols_scalar(const mdl_pool_geom *g, const float *dy, float *dx, int64_t oh,
@@ -62,6 +66,8 @@ void mdl_avg_pool_back_cols_scalar(const mdl_pool_geom *g, const float *dy, floa
 void mdl_max_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_max_pool_back_plane_scalar(const mdl_pool_geom *g, const float *x, const float *dy,
                                     float *dx);
+void mdl_max_pool_tap_plane_scalar(const mdl_pool_geom *g, const float *x, float *y,
+                                   uint8_t *tap);
 void mdl_avg_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_avg_pool_back_plane_scalar(const mdl_pool_geom *g, const float *dy, float *dx);
 /* Global average: *y = mean of x[hw]; dx[hw] = dy / hw. */
@@ -72,6 +78,7 @@ void mdl_global_avg_back_scalar(int64_t hw, float dy, float *dx);
 void mdl_max_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const float *dy,
                                   float *dx);
+void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap);
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx);
 float mdl_global_avg_avx2(int64_t hw, const float *x);
@@ -79,6 +86,7 @@ void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_max_pool_plane_avx2 mdl_max_pool_plane_scalar
 #  define mdl_max_pool_back_plane_avx2 mdl_max_pool_back_plane_scalar
+#  define mdl_max_pool_tap_plane_avx2 mdl_max_pool_tap_plane_scalar
 #  define mdl_avg_pool_plane_avx2 mdl_avg_pool_plane_scalar
 #  define mdl_avg_pool_back_plane_avx2 mdl_avg_pool_back_plane_scalar
 #  define mdl_global_avg_avx2 mdl_global_avg_scalar

@@ -285,6 +285,101 @@ void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const 
     }
 }
 
+/* The maxima of the windows of 8 output columns from o (row span [hs, he), output
+ * row starting at input row r0) and their taps (ky * kw + kx in the unclipped window,
+ * the same for every lane of a tap), starting, as the reference does, at each
+ * window's first tap inside the plane. */
+typedef struct tap_group {
+    const float *base; /* x at the group's first window column */
+    int64_t c;         /* that column */
+    int inside;
+    tap_masks t[HOIST_KW];
+    __m256 m;
+    __m256i best;
+} tap_group;
+
+ALWAYS_INLINE void tap_group_start(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t r0,
+                                   int64_t o, __m256i offs, tap_group *q)
+{
+    q->c = o * g->sw - g->pw;
+    q->base = x + q->c;
+    q->inside = interior(g, o);
+    if (!q->inside) group_masks(g, q->c, offs, q->t);
+    const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)q->c), offs);
+    q->m = _mm256_set1_ps(-INFINITY);
+    q->best = _mm256_add_epi32(_mm256_max_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), col),
+                                                _mm256_setzero_si256()),
+                               _mm256_set1_epi32((int)((hs - r0) * g->kw)));
+}
+
+ALWAYS_INLINE void tap_group_take(const mdl_pool_geom *g, int64_t ih, int64_t kx, __m256i tap,
+                                  const int mode, __m256i offs, tap_group *q)
+{
+    const float *p = q->base + ih * g->w + kx;
+    __m256 v;
+    if (q->inside) {
+        v = load_strided(p, mode, offs);
+    } else {
+        const tap_masks tk = group_mask(g, q->c, kx, offs, q->t);
+        v = load_strided_masked(p, mode, offs, &tk);
+    }
+    const __m256 take = max_take(v, q->m);
+    q->m = _mm256_blendv_ps(q->m, v, take);
+    q->best = _mm256_blendv_epi8(q->best, tap, _mm256_castps_si256(take));
+}
+
+ALWAYS_INLINE void tap_group_store(const tap_group *q, float *y, uint8_t *tap)
+{
+    _mm256_storeu_ps(y, q->m);
+    /* 8 int32 taps < 256 to 8 bytes */
+    const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(q->best),
+                                         _mm256_extracti128_si256(q->best, 1));
+    _mm_storel_epi64((__m128i *)tap, _mm_packus_epi16(w16, w16));
+}
+
+/* Max pooling that also records each maximum's tap: groups of 8 columns two at a time
+ * (two independent chains, as max_vec2), the last group overlapping the one before. */
+ALWAYS_INLINE void max_tap_plane(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap,
+                                 const int mode)
+{
+    const __m256i offs = lane_offsets(g->sw);
+    const int64_t wo = g->wo;
+    for (int64_t oh = 0; oh < g->ho; oh++) {
+        if (wo < 8) {
+            mdl_max_pool_tap_cols_scalar(g, x, y, tap + oh * wo, oh, 0, wo);
+            continue;
+        }
+        int64_t hs, he, span;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &span);
+        const int64_t r0 = oh * g->sh - g->ph;
+        for (int64_t ow = 0; ow < wo;) {
+            const int64_t o1 = ow + 8 <= wo ? ow : wo - 8;
+            const int64_t o2 = o1 + 16 <= wo ? o1 + 8 : wo - 8;
+            tap_group a, b;
+            tap_group_start(g, x, hs, r0, o1, offs, &a);
+            tap_group_start(g, x, hs, r0, o2, offs, &b);
+            for (int64_t ih = hs; ih < he; ih++)
+                for (int64_t kx = 0; kx < g->kw; kx++) {
+                    const __m256i t = _mm256_set1_epi32((int)((ih - r0) * g->kw + kx));
+                    tap_group_take(g, ih, kx, t, mode, offs, &a);
+                    tap_group_take(g, ih, kx, t, mode, offs, &b);
+                }
+            tap_group_store(&a, y + oh * wo + o1, tap + oh * wo + o1);
+            tap_group_store(&b, y + oh * wo + o2, tap + oh * wo + o2);
+            ow = o2 + 8;
+        }
+    }
+}
+
+void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap)
+{
+    switch (load_mode(g->sw)) {
+    case LOAD_S1: max_tap_plane(g, x, y, tap, LOAD_S1); break;
+    case LOAD_S2: max_tap_plane(g, x, y, tap, LOAD_S2); break;
+    default: max_tap_plane(g, x, y, tap, LOAD_GATHER); break;
+    }
+}
+
 /* ---- average pooling ------------------------------------------------------ */
 
 /* Interior windows span kw columns, so the divisor is one number per output row. */

@@ -7,7 +7,10 @@
  * max pooling's gradient is bit for bit the scalar reference's).  The fused max
  * pooling reads x through a per-channel affine map and ReLU (mdl_affine), applied
  * to real pixels only as each window is read (padding never wins either way); a
- * template flag keeps it out of the plain kernels. */
+ * template flag keeps it out of the plain kernels.  The argmax variants record
+ * each window's winner as a tap, ky * kw + kx from the window's unclipped
+ * top-left corner, in a byte (windows of at most 256 elements); their backward
+ * gathers dy by those taps and reads no x. */
 #include <math.h>
 #include "common.cuh"
 #include "../src_c/checks.h"
@@ -82,6 +85,29 @@ __global__ void max_pool_fwd(pool_geom g, const float *x, float *y, mdl_input_ma
     }
 }
 
+/* As max_pool_fwd, and tap (planes, ho, wo) = the tap of each window's maximum: ky * kw
+ * + kx from the window's unclipped top-left corner (oh*sh - ph, ow*sw - pw) */
+template <bool FUSED>
+__global__ void max_pool_fwd_tap(pool_geom g, const float *x, float *y, uint8_t *tap,
+                                 mdl_input_map<FUSED> in)
+{
+    const int64_t total = g.planes * g.ho * g.wo;
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
+         o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = o / ((int64_t)g.ho * g.wo);
+        const int q = (int)(o - pl * g.ho * g.wo), oh = q / g.wo, ow = q - oh * g.wo;
+        int hs, he, ws, we, sp;
+        span(oh, g.sh, g.ph, g.kh, g.h, hs, he, sp);
+        span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
+        float m;
+        const int best = window_argmax<FUSED>(x + pl * g.h * g.w, g.w, hs, he, ws, we, in,
+                                              pl % g.c, m);
+        const int bh = best / g.w, bw = best - bh * g.w;
+        y[o] = m;
+        tap[o] = (uint8_t)((bh - (oh * g.sh - g.ph)) * g.kw + bw - (ow * g.sw - g.pw));
+    }
+}
+
 /* dx (planes, h, w) = sum of dy over the windows whose first maximum is this element;
  * FUSED: the maxima of in(x) */
 template <bool FUSED>
@@ -110,6 +136,32 @@ __global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float
                 if (window_argmax<FUSED>(xp, g.w, hs, he, ws, we, in, ch, m) == q)
                     acc += dyp[oh * g.wo + ow];
             }
+        }
+        dx[i] = acc;
+    }
+}
+
+/* dx (planes, h, w) = sum of dy over the windows whose tap (max_pool_fwd_tap) is this
+ * element, in row-major window order; a tap that names no element of the plane (a
+ * padding position, or >= kh * kw) matches no thread and is dropped */
+__global__ void max_pool_bwd_tap(pool_geom g, const uint8_t *tap, const float *dy, float *dx)
+{
+    const int64_t total = g.planes * g.h * g.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pl = i / ((int64_t)g.h * g.w);
+        const int q = (int)(i - pl * g.h * g.w), ih = q / g.w, iw = q - ih * g.w;
+        const uint8_t *tp = tap + pl * g.ho * g.wo;
+        const float *dyp = dy + pl * g.ho * g.wo;
+        int oh0, oh1, ow0, ow1;
+        containing(ih, g.sh, g.ph, g.kh, g.ho, oh0, oh1);
+        containing(iw, g.sw, g.pw, g.kw, g.wo, ow0, ow1);
+        float acc = 0.0f;
+        for (int oh = oh0; oh <= oh1; oh++) {
+            /* this element's tap in window (oh, ow) is t0 - ow * sw */
+            const int t0 = (ih - (oh * g.sh - g.ph)) * g.kw + iw + g.pw;
+            for (int ow = ow0; ow <= ow1; ow++)
+                if (tp[oh * g.wo + ow] == t0 - ow * g.sw) acc += dyp[oh * g.wo + ow];
         }
         dx[i] = acc;
     }
@@ -223,9 +275,11 @@ mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
-/* in: the map x is read through (NULL: x as it is) */
+/* in: the map x is read through (NULL: x as it is); tap: where the maxima's taps go
+ * (NULL: not recorded) */
 static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const float *x,
-                              const mdl_affine *in, float *y, mdl_cuda_stream stream)
+                              const mdl_affine *in, float *y, uint8_t *tap,
+                              mdl_cuda_stream stream)
 {
     pool_geom g;
     mdl_status st = geometry(fn, s, &g);
@@ -233,7 +287,14 @@ static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const f
     MDL_CHECK_AFFINE(fn, in, "in");
     CHECK_PTRS2(x, y);
     const unsigned blocks = mdl_ew_blocks(g.planes * g.ho * g.wo);
-    if (in && (in->scale || in->relu)) /* otherwise the identity: the plain kernel */
+    const bool fused = in && (in->scale || in->relu); /* otherwise the identity: plain */
+    if (tap && fused)
+        max_pool_fwd_tap<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap,
+                                                                     mdl_affine_of(in));
+    else if (tap)
+        max_pool_fwd_tap<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap,
+                                                                      mdl_no_affine{});
+    else if (fused)
         max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_affine_of(in));
     else
         max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_no_affine{});
@@ -263,7 +324,7 @@ static mdl_status max_backward(const char *fn, const mdl_pool2d_shape *s, const 
 mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
                                        mdl_cuda_stream stream)
 {
-    return max_forward(__func__, s, x, NULL, y, stream);
+    return max_forward(__func__, s, x, NULL, y, NULL, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
@@ -276,7 +337,7 @@ mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const fl
                                              const mdl_affine *in, float *y,
                                              mdl_cuda_stream stream)
 {
-    return max_forward(__func__, s, x, in, y, stream);
+    return max_forward(__func__, s, x, in, y, NULL, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
@@ -284,6 +345,39 @@ mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const f
                                               mdl_cuda_stream stream)
 {
     return max_backward(__func__, s, x, in, dy, dx, stream);
+}
+
+#define MAX_TAPS 256 /* a tap is one byte */
+/* kh * kw taps fit a byte (the product in double: the forward checks it before the shape's
+ * fields are checked) */
+#define CHECK_TAPS(kh, kw)                                                                    \
+    MDL_CHECK((double)(kh) * (double)(kw) <= MAX_TAPS,                                       \
+              "%s: the tap of a window of %lld x %lld elements does not fit a byte (at most %d)", \
+              fn, (long long)(kh), (long long)(kw), MAX_TAPS)
+
+mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
+                                              const mdl_affine *in, float *y, uint8_t *tap,
+                                              mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    if (s) CHECK_TAPS(s->kh, s->kw);
+    MDL_CHECK_PTR_FN(fn, tap);
+    return max_forward(fn, s, x, in, y, tap, stream);
+}
+
+mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
+                                               const float *dy, float *dx,
+                                               mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    pool_geom g;
+    mdl_status st = geometry(fn, s, &g);
+    if (st != MDL_OK) return st;
+    CHECK_TAPS(g.kh, g.kw);
+    MDL_CHECK(tap != NULL && dy != NULL && dx != NULL, "%s: tap, dy and dx must not be NULL", fn);
+    max_pool_bwd_tap<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, tap,
+                                                                                       dy, dx);
+    return mdl_cuda_launched(fn);
 }
 
 mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,

@@ -176,6 +176,21 @@ def max_pool2d_backward(x, dy, kernel, stride, padding, ceil_mode=False):
     return dx
 
 
+def max_pool2d_taps(x, kernel, stride, padding, ceil_mode=False):
+    """Each window's argmax as ky * kw + kx from its unclipped top-left corner."""
+    (x,) = _f64(x)
+    rows, cols = _pool_geometry(x, kernel, stride, padding, ceil_mode)
+    tap = np.empty(x.shape[:2] + (len(rows), len(cols)), np.int64)
+    for i, (h0, h1, _) in enumerate(rows):
+        for j, (w0, w1, _) in enumerate(cols):
+            win = x[:, :, h0:h1, w0:w1].reshape(x.shape[0], x.shape[1], -1)
+            t = _window_argmax(win)[1]
+            ky = h0 + t // (w1 - w0) - (i * stride[0] - padding[0])
+            kx = w0 + t % (w1 - w0) - (j * stride[1] - padding[1])
+            tap[:, :, i, j] = ky * kernel[1] + kx
+    return tap
+
+
 def avg_pool2d(x, kernel, stride, padding, ceil_mode=False):
     """count_include_pad=True: divide by the window positions inside the padded input."""
     (x,) = _f64(x)

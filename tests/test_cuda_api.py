@@ -85,6 +85,7 @@ def test_device_count():
 
 f32 = np.zeros(64, np.float32)
 f64 = np.zeros(64, np.float64)
+u8 = np.zeros(64, np.uint8)
 labels = np.zeros(4, np.int64)
 ADDR = 4096  # a fake device address: each call below fails its checks before using it
 
@@ -127,6 +128,24 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
     ("max_pool2d_backward_fused",  # a ReLU alone, and an output too small
      ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), f32, None, None, True, f32, f32),
      ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), ADDR, 0, 0, True, ADDR, ADDR)),
+    ("max_pool2d_forward_argmax",  # a 17 x 17 window: 289 taps do not fit a byte
+     ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), f32, None, None, False, f32, u8),
+     ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), ADDR, 0, 0, False, ADDR, ADDR)),
+    ("max_pool2d_forward_argmax",  # tap NULL
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), f32, None, None, True, f32, None),
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), ADDR, 0, 0, True, ADDR, 0)),
+    ("max_pool2d_forward_argmax",  # a map with a scale and no shift
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), f32, f32, None, False, f32, u8),
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), ADDR, ADDR, 0, False, ADDR, ADDR)),
+    ("max_pool2d_backward_argmax",  # a 17 x 17 window
+     ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), u8, f32, f32),
+     ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), ADDR, ADDR, ADDR)),
+    ("max_pool2d_backward_argmax",  # tap NULL
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), None, f32, f32),
+     ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), 0, ADDR, ADDR)),
+    ("max_pool2d_backward_argmax",  # an output too small
+     ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), u8, f32, f32),
+     ((1, 1, 2, 2, 3, 3, 3, 3, 0, 0, 0), ADDR, ADDR, ADDR)),
     ("affine_add", (1, 0, 3, f32, None, None, False, None, None, None, False, False, f32),
      (1, 0, 3, ADDR, 0, 0, False, 0, 0, 0, False, False, ADDR)),
     ("batch_norm_stats", (4, 1, f64, f64, f32, f32, 1e-5, 0.1, None, None, f32, f32, f32, f32),

@@ -616,6 +616,114 @@ def test_max_pool2d_fused_nan(gpu, rng, kind):
     check(gpu.down(pdx, x.shape), want_dx, "reduction", "dx")
 
 
+# the pools above, and windows of 256 elements (the most a one-byte tap can name)
+ARGMAX_POOL_SHAPES = POOL_SHAPES + [(2, 3, 18, 17, 16, (1, 2), (8, 7), False)]
+
+
+def max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy):
+    """_C's y and taps of x read through the map, and its dx from those taps."""
+    n, c = x.shape[:2]
+    ho, wo = _C.pool2d_output_size(shape)
+    y, tap = np.empty((n, c, ho, wo), np.float32), np.empty((n, c, ho, wo), np.uint8)
+    dx = np.empty_like(x)
+    _C.max_pool2d_forward_argmax(shape, x.ravel(), scale, shift, in_relu, y.ravel(), tap.ravel())
+    _C.max_pool2d_backward_argmax(shape, tap.ravel(), dy.ravel(), dx.ravel())
+    return y, tap, dx
+
+
+@pytest.mark.parametrize("case", ARGMAX_POOL_SHAPES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_max_pool2d_argmax(gpu, rng, case, ties):
+    """y, the taps and dx from the taps bit for bit _C's, and dx that of the backward
+    that finds the maxima in x again."""
+    shape, (ho, wo), _ = pool_case(*case)
+    n, c, h, w = case[:4]
+    x = rng.integers(0, 3, (n, c, h, w)).astype(np.float32) if ties else f32(rng, n, c, h, w)
+    dy = f32(rng, n, c, ho, wo)
+    want_y, want_tap, want_dx = max_pool_argmax_cpu(shape, x, None, None, False, dy)
+    px, pdy = gpu.up(x), gpu.up(dy)
+    py, ptap = gpu.empty(want_y.shape), gpu.empty(want_tap.shape, np.uint8, fill=255)
+    pdx, pdz = gpu.empty(x.shape), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward_argmax, shape, px, 0, 0, False, py, ptap)
+    np.testing.assert_array_equal(gpu.down(py, want_y.shape), want_y)
+    np.testing.assert_array_equal(gpu.down(ptap, want_tap.shape, np.uint8), want_tap)
+    run(cuda.max_pool2d_backward_argmax, shape, ptap, pdy, pdx)
+    got_dx = gpu.down(pdx, x.shape)
+    check(got_dx, want_dx, "exact", "dx")
+    run(cuda.max_pool2d_backward, shape, px, pdy, pdz)
+    check(got_dx, gpu.down(pdz, x.shape), "exact", "dx against the backward from x")
+
+
+@pytest.mark.parametrize("case", FUSED_POOL_SHAPES)
+@pytest.mark.parametrize("kind", MAPS)
+def test_max_pool2d_argmax_fused(gpu, rng, case, kind):
+    """x read through the map: y and the taps _C's, y that of the fused forward, and dx
+    from the taps _C's and that of the fused backward (which finds the maxima again)."""
+    shape, (ho, wo), _ = pool_case(*case)
+    n, c, h, w = case[:4]
+    x, dy = f32(rng, n, c, h, w), f32(rng, n, c, ho, wo)
+    scale, shift, in_relu = affine_map(rng, kind, c)
+    want_y, want_tap, want_dx = max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy)
+    px, pdy, psc, psh = gpu.up(x), gpu.up(dy), dev(gpu, scale), dev(gpu, shift)
+    py, ptap = gpu.empty(want_y.shape), gpu.empty(want_tap.shape, np.uint8, fill=255)
+    run(cuda.max_pool2d_forward_argmax, shape, px, psc, psh, in_relu, py, ptap)
+    got_y = gpu.down(py, want_y.shape)
+    np.testing.assert_array_equal(got_y, want_y)
+    np.testing.assert_array_equal(gpu.down(ptap, want_tap.shape, np.uint8), want_tap)
+    pdx = gpu.empty(x.shape)
+    run(cuda.max_pool2d_backward_argmax, shape, ptap, pdy, pdx)
+    got_dx = gpu.down(pdx, x.shape)
+    check(got_dx, want_dx, "exact", "dx")
+
+    pz, pdz = gpu.empty(want_y.shape), gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward_fused, shape, px, psc, psh, in_relu, pz)
+    run(cuda.max_pool2d_backward_fused, shape, px, psc, psh, in_relu, pdy, pdz)
+    check(got_y, gpu.down(pz, want_y.shape), "exact", "y against the fused forward")
+    check(got_dx, gpu.down(pdz, x.shape), "exact", "dx against the fused backward")
+
+
+@pytest.mark.parametrize("kind", ["none", "relu", "affine+relu"])
+def test_max_pool2d_argmax_nan(gpu, rng, kind):
+    """A NaN wins its windows (after the map's ReLU too): its tap is _C's."""
+    shape, (ho, wo), _ = pool_case(2, 3, 7, 7, 3, 2, 1, True)
+    x, dy = f32(rng, 2, 3, 7, 7), f32(rng, 2, 3, ho, wo)
+    x[0, 1, 2, 3] = x[1, 2, 0, 0] = x[1, 2, 6, 6] = np.nan
+    scale, shift, in_relu = affine_map(rng, kind, 3)
+    want_y, want_tap, want_dx = max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy)
+    assert np.isnan(want_y).any()
+    py, ptap = gpu.empty(want_y.shape, fill=0.0), gpu.empty(want_tap.shape, np.uint8, fill=255)
+    pdx = gpu.empty(x.shape)
+    run(cuda.max_pool2d_forward_argmax, shape, gpu.up(x), dev(gpu, scale), dev(gpu, shift),
+        in_relu, py, ptap)
+    run(cuda.max_pool2d_backward_argmax, shape, ptap, gpu.up(dy), pdx)
+    np.testing.assert_array_equal(gpu.down(py, want_y.shape), want_y)
+    np.testing.assert_array_equal(gpu.down(ptap, want_tap.shape, np.uint8), want_tap)
+    check(gpu.down(pdx, x.shape), want_dx, "exact", "dx")
+
+
+def test_max_pool2d_backward_argmax_drops_foreign_taps(gpu, rng):
+    """A tap that names no element of the input (one in the padding, or >= kh * kw) adds
+    nothing: the kernel cannot report it (_C's backward rejects such taps)."""
+    shape, (ho, wo), _ = pool_case(1, 2, 7, 7, 3, 2, 1, False)
+    dy = f32(rng, 1, 2, ho, wo)
+    tap = np.full((1, 2, ho, wo), 4, np.uint8)  # the window's centre: inside the input
+    tap[0, 0, 0, 0] = 0      # window (0, 0) starts at (-1, -1): its taps 0-3 and 6 are padding
+    tap[0, 0, 2, 3] = 5      # window (2, 3) ends past the last column: tap 5 is padding
+    tap[0, 1, 1, 2] = 9      # kh * kw
+    tap[0, 1, 3, 3] = 255
+    want = np.zeros((1, 2, 7, 7), np.float32)
+    for p in range(2):
+        for oh in range(ho):
+            for ow in range(wo):
+                t = int(tap[0, p, oh, ow])
+                r, col = 2 * oh - 1 + t // 3, 2 * ow - 1 + t % 3
+                if t < 9 and 0 <= r < 7 and 0 <= col < 7:
+                    want[0, p, r, col] += dy[0, p, oh, ow]
+    pdx = gpu.empty(want.shape)
+    run(cuda.max_pool2d_backward_argmax, shape, gpu.up(tap), gpu.up(dy), pdx)
+    check(gpu.down(pdx, want.shape), want, "exact", "dx")
+
+
 @pytest.mark.parametrize("n, c, hw", [(1, 1, 1), (2, 3, 5), (4, 16, 64), (2, 64, 1000)])
 @pytest.mark.parametrize("a_kind", MAPS)
 @pytest.mark.parametrize("b_kind", MAPS + ["no b"])

@@ -172,6 +172,77 @@ def test_max_pool_threads(simd, threads, rng, case):
     dy = _small_ints(rng, *y.shape)
     np.testing.assert_array_equal(ops.max_pool2d_backward(x, dy, k, **_kw(case)),
                                   ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+    _check_taps(x, dy, case)
+
+
+def _check_taps(x, dy, case):
+    """max_pool2d_argmax's maxima and taps, and the backward from the taps, against the
+    reference, exactly."""
+    n, c, h, w, k, s, p, ceil = case
+    y, tap = ops.max_pool2d_argmax(x, k, **_kw(case))
+    assert tap.dtype == np.uint8 and tap.shape == y.shape
+    np.testing.assert_array_equal(y, ref.max_pool2d(x, k, s, p, ceil))
+    np.testing.assert_array_equal(tap, ref.max_pool2d_taps(x, k, s, p, ceil))
+    np.testing.assert_array_equal(ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **_kw(case)),
+                                  ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_max_pool_taps(simd, rng, case):
+    n, c, h, w, k, s, p, ceil = case
+    x = _distinct(rng, n, c, h, w)
+    _check_taps(x, _small_ints(rng, *ops.max_pool2d(x, k, **_kw(case)).shape), case)
+
+
+def test_max_pool_taps_through_a_map(simd, rng):
+    """With a map (BatchNorm's scale and shift, then ReLU) the maxima and taps of the
+    mapped input, and its gradient, as the recomputing fused kernels give them."""
+    case = CASES[6]
+    n, c, h, w, k, s, p, ceil = case
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    m = dict(x_scale=rng.standard_normal(c).astype(np.float32),
+             x_shift=rng.standard_normal(c).astype(np.float32), x_relu=True)
+    y, tap = ops.max_pool2d_argmax(x, k, **_kw(case), **m)
+    np.testing.assert_array_equal(y, ops.max_pool2d(x, k, **_kw(case), **m))
+    dy = _small_ints(rng, *y.shape)
+    np.testing.assert_array_equal(ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **_kw(case)),
+                                  ops.max_pool2d_backward(x, dy, k, **_kw(case), **m))
+
+
+def test_max_pool_taps_bad_input(rng):
+    x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
+    with pytest.raises(ValueError, match="more than 256 taps"):
+        ops.max_pool2d_argmax(np.zeros((1, 1, 20, 20), np.float32), 17, stride=1)
+    y, tap = ops.max_pool2d_argmax(x, 3, stride=2)
+    dy = np.ones_like(y)
+    with pytest.raises(ValueError, match="tap must be uint8 of shape"):
+        ops.max_pool2d_backward_argmax(tap.astype(np.int32), dy, x.shape, 3, stride=2)
+    with pytest.raises(ValueError, match="tap must be uint8 of shape"):
+        ops.max_pool2d_backward_argmax(tap[:, :1], dy, x.shape, 3, stride=2)
+    with pytest.raises(ValueError, match="dy must have the output shape"):
+        ops.max_pool2d_backward_argmax(tap, dy[:, :1], x.shape, 3, stride=2)
+    bad = tap.copy()
+    bad[0, 1, 2, 3] = 9  # past a 3x3 window
+    with pytest.raises(ValueError, match="outside its window"):
+        ops.max_pool2d_backward_argmax(bad, dy, x.shape, 3, stride=2)
+    # inside the window but in its padding: tap 0 of the first window with padding 1
+    y, tap = ops.max_pool2d_argmax(x, 3, stride=2, padding=1)
+    tap[0, 0, 0, 0] = 0
+    with pytest.raises(ValueError, match="outside its window"):
+        ops.max_pool2d_backward_argmax(tap, np.ones_like(y), x.shape, 3, stride=2, padding=1)
+    shape = (1, 1, 20, 20, 17, 17, 1, 1, 0, 0, 0)
+    big = np.zeros(400, np.float32)
+    with pytest.raises(ValueError, match="does not fit a byte"):
+        _C.max_pool2d_forward_argmax(shape, big, None, None, False, big[:16],
+                                     np.zeros(16, np.uint8))
+    with pytest.raises(ValueError, match="does not fit a byte"):
+        _C.max_pool2d_backward_argmax(shape, np.zeros(16, np.uint8), big[:16], big)
+    shape = (1, 2, 9, 9, 3, 3, 2, 2, 0, 0, 0)
+    with pytest.raises(ValueError, match="tap must not be NULL"):
+        _C.max_pool2d_forward_argmax(shape, x.reshape(-1), None, None, False,
+                                     y.reshape(-1), None)
+    with pytest.raises(ValueError, match="must not be NULL"):
+        _C.max_pool2d_backward_argmax(shape, None, dy.reshape(-1), x.reshape(-1))
 
 
 def test_max_pool_ties_first_wins(simd):
@@ -203,6 +274,7 @@ def test_max_pool_many_ties(simd, rng, case):
     dy = _small_ints(rng, *y.shape)
     np.testing.assert_array_equal(ops.max_pool2d_backward(x, dy, k, **_kw(case)),
                                   ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+    _check_taps(x, dy, case)
 
 
 @pytest.mark.parametrize("case", [CASES[4], CASES[6], CASES[11], CASES[13]], ids=_case_id)
@@ -219,6 +291,7 @@ def test_max_pool_nan_and_inf(simd, rng, case):
     dy = _small_ints(rng, *y.shape)
     dx = ops.max_pool2d_backward(x, dy, k, **_kw(case))  # gradient to the last NaN
     np.testing.assert_array_equal(dx, ref.max_pool2d_backward(x, dy, k, s, p, ceil))
+    _check_taps(x, dy, case)
 
 
 def test_max_pool_padding_never_wins(simd, rng):

@@ -70,7 +70,8 @@ class Step:
     param_bytes: int
     output_bytes: int           # 0 when the output is a view of the input
     kept: List[str]             # tensors (by node name) kept from forward for backward
-    saved_bytes: int            # bytes kept for backward besides those (BatchNorm statistics)
+    saved_bytes: int            # bytes kept for backward besides those (BatchNorm statistics,
+                                # max pooling's taps)
     flops: int                  # forward, whole batch
     need_dx: List[bool]         # which inputs need a gradient
     fused: List[str] = field(default_factory=list)  # the fusion pass's tags (module doc)
@@ -247,7 +248,7 @@ def _reconstruction(net: Net, readers, kind, tags) -> None:
 
 
 def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: int,
-             need_dx: List[bool]):
+             need_dx: List[bool], saved_bytes: int = 0):
     """(forward, backward) bytes a step's kernels read and write, from the passes each
     makes over memory: a convolution or a linear layer reads its input and weights and
     writes its output; backward reads dy and the weights and writes dx, reads the
@@ -255,7 +256,9 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     normalisation) and writes once; with its statistics from the convolution's sums
     it reads once, and nothing when mapped; backward reads x and dy twice (sums, then
     dx) and writes dx.  Elementwise layers read their inputs and write their output
-    (a mapped or absorbed ReLU moves nothing forward; a mapped one nothing backward)."""
+    (a mapped or absorbed ReLU moves nothing forward; a mapped one nothing backward).
+    Max pooling writes its taps (saved_bytes) and its backward reads them instead of
+    the input, when it keeps them."""
     x = in_bytes[0]
     dx = sum(b for b, need in zip(in_bytes, need_dx) if need)
     if kind in ("Conv2d", "Linear"):
@@ -271,7 +274,7 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
         return sum(in_bytes) + out_bytes, 0 if reconstructed_input(tags) is None else 8 * x
     if kind == "MaxPool2d":
-        return x + out_bytes, x + out_bytes + dx
+        return x + out_bytes + saved_bytes, (saved_bytes or x) + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
         return x + out_bytes, out_bytes + dx
     return 0, 0  # Flatten: a view
@@ -300,13 +303,14 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
         for i, need in zip(n.inputs, need_dx):
             readers[i] += need
         params = sum(p.data.nbytes for p in layer.params.values())
+        saved = layer.saved_bytes(batch_size, n.shape)
         fwd, bwd = _traffic(type(layer).__name__, tags, [size[i] for i in n.inputs],
-                            size[k], params, need_dx)
+                            size[k], params, need_dx, saved)
         steps.append(Step(
             name=k, kind=type(layer).__name__, inputs=list(n.inputs),
             shape=[batch_size, *n.shape], device=device, param_bytes=params,
             output_bytes=0 if root[k] != k else size[k], kept=kept,
-            saved_bytes=layer.saved_bytes() * (2 if "mapped" in tags else 1),  # + the map
+            saved_bytes=saved * (2 if "mapped" in tags else 1),  # + the map
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
             fused=list(tags), grad_view=reconstructed_input(tags) is None and (
                 layer.gradient_is_view or relu_mapped or "reconstructed" in tags),

@@ -1,6 +1,7 @@
 /* test_capi.c -- uses minidl only through its public header and library:
  * runs a GEMM and a convolution (forward and backward) on both kernel
- * versions and checks them against plain loops, then checks that bad
+ * versions and checks them against plain loops, max pooling with taps against
+ * max pooling that recomputes them, then checks that bad
  * arguments come back as a status and a message.  Exit status 0 = pass. */
 #include <math.h>
 #include <stdio.h>
@@ -118,6 +119,36 @@ static void test_conv(const char *level)
     free(ry); free(rdx); free(rdw); free(rdb);
 }
 
+/* Max pooling with taps: the same maxima as mdl_max_pool2d_forward, and from the taps
+ * the same dx as mdl_max_pool2d_backward; a tap outside its window is an error. */
+static void test_pool_taps(const char *level)
+{
+    const mdl_pool2d_shape s = {.n = 2, .c = 3, .h = 9, .w = 20, .kh = 3, .kw = 3, .stride_h = 2,
+                                .stride_w = 2, .pad_h = 1, .pad_w = 1, .ceil_mode = 1};
+    int64_t ho = 0, wo = 0;
+    mdl_pool2d_output_size(&s, &ho, &wo);
+    const size_t nx = 2 * 3 * 9 * 20, ny = (size_t)(2 * 3 * ho * wo);
+    float *x = malloc(nx * sizeof *x), *y = malloc(ny * sizeof *y), *y2 = malloc(ny * sizeof *y2);
+    float *dy = malloc(ny * sizeof *dy), *dx = malloc(nx * sizeof *dx), *dx2 = malloc(nx * sizeof *dx2);
+    uint8_t *tap = malloc(ny);
+    unsigned seed = 7;
+    for (size_t i = 0; i < nx; i++) x[i] = frand(&seed);
+    for (size_t i = 0; i < ny; i++) dy[i] = frand(&seed);
+    mdl_status st = mdl_max_pool2d_forward_argmax(&s, x, NULL, y, tap);
+    EXPECT(st == MDL_OK, "[%s] max pool taps: %s", level, mdl_last_error());
+    mdl_max_pool2d_forward(&s, x, y2);
+    EXPECT(memcmp(y, y2, ny * sizeof *y) == 0, "[%s] max pool taps: maxima differ", level);
+    st = mdl_max_pool2d_backward_argmax(&s, tap, dy, dx);
+    EXPECT(st == MDL_OK, "[%s] max pool backward from taps: %s", level, mdl_last_error());
+    mdl_max_pool2d_backward(&s, x, dy, dx2);
+    EXPECT(memcmp(dx, dx2, nx * sizeof *dx) == 0, "[%s] max pool taps: dx differs", level);
+    tap[0] = 0; /* the first window's top-left tap lies in the padding */
+    st = mdl_max_pool2d_backward_argmax(&s, tap, dy, dx);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "outside its window"),
+           "[%s] tap in the padding: '%s'", level, mdl_last_error());
+    free(x); free(y); free(y2); free(dy); free(dx); free(dx2); free(tap);
+}
+
 static void test_errors(void)
 {
     float a[4] = {0}, c[4];
@@ -155,6 +186,7 @@ int main(void)
         if (mdl_set_simd((mdl_simd)level) != MDL_OK) return 2;
         test_gemm(names[level]);
         test_conv(names[level]);
+        test_pool_taps(names[level]);
     }
     test_errors();
     printf("%s: %d failures\n", failures ? "FAILED" : "ok", failures);

@@ -101,6 +101,30 @@ int main(void)
     ps.pad_h = 2;
     EXPECT_ERROR(mdl_cuda_max_pool2d_backward_fused(&ps, p, NULL, p, p, NULL), MDL_ERR_ARG,
                  "pad_h must be in");
+
+    /* max pooling that records its taps: a tap is a byte, so windows of at most 256 elements */
+    uint8_t *t = (uint8_t *)(uintptr_t)4096;
+    mdl_pool2d_shape wide = {1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0};
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_argmax(&wide, p, NULL, p, t, NULL), MDL_ERR_ARG,
+                 "window of 17 x 17 elements does not fit a byte");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_argmax(&wide, t, p, p, NULL), MDL_ERR_ARG,
+                 "window of 17 x 17 elements does not fit a byte");
+    wide.kh = wide.kw = 16; /* 256 taps pass; the next check fails */
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_argmax(&wide, NULL, NULL, p, t, NULL), MDL_ERR_ARG,
+                 "mdl_cuda_max_pool2d_forward_argmax: x and y must not be NULL");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_argmax(&wide, t, p, NULL, NULL), MDL_ERR_ARG,
+                 "mdl_cuda_max_pool2d_backward_argmax: tap, dy and dx must not be NULL");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_argmax(&ps, t, p, p, NULL), MDL_ERR_ARG,
+                 "pad_h must be in");
+    ps.pad_h = 0;
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_argmax(&ps, p, NULL, p, NULL, NULL), MDL_ERR_ARG,
+                 "mdl_cuda_max_pool2d_forward_argmax: tap must not be NULL");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_argmax(&ps, p, &half, p, t, NULL), MDL_ERR_ARG,
+                 "in->scale and in->shift must both be given");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_backward_argmax(&ps, NULL, p, p, NULL), MDL_ERR_ARG,
+                 "mdl_cuda_max_pool2d_backward_argmax: tap, dy and dx must not be NULL");
+    EXPECT_ERROR(mdl_cuda_max_pool2d_forward_argmax(NULL, p, NULL, p, t, NULL), MDL_ERR_ARG,
+                 "s must not be NULL");
     EXPECT_ERROR(mdl_cuda_affine_add(2, 3, 4, p, &half, NULL, NULL, 1, p, NULL), MDL_ERR_ARG,
                  "fa->scale and fa->shift");
     EXPECT(mdl_cuda_affine_add(0, 3, 4, NULL, NULL, NULL, NULL, 0, NULL, NULL) == MDL_OK,
