@@ -320,6 +320,22 @@ def test_fusion_pass_maps_what_a_max_pool_reads():
     assert tags["conv4"] == ["mapped-in", "stats"]
 
 
+def test_fusion_pass_keeps_a_max_pools_taps_where_its_input_is_not_kept():
+    """cifar10_quick's pool1 reads conv1's output, which nothing else keeps: the pool
+    keeps its taps (1 byte per output) instead.  VGG's pools read a BatchNorm+ReLU whose
+    convolution output the BatchNorm's backward keeps anyway: no taps."""
+    net = models.build("cifar10_quick", seed=None)
+    tags = fusion(net)
+    assert tags["pool1"] == ["keeps-taps"]
+    fused, plain = make_plan(net, 100), make_plan(net, 100, fuse=False)
+    assert fused.step("pool1").kept == [] and plain.step("pool1").kept == ["conv1"]
+    assert fused.step("pool1").saved_bytes == 100 * 32 * 16 * 16
+    assert fused.memory["kept_activations"] == \
+        plain.memory["kept_activations"] - 100 * 32 * 32 * 32 * 4 + 100 * 32 * 16 * 16
+    vgg = fusion(models.build("vgg11_bn", seed=None))
+    assert not any("keeps-taps" in t for t in vgg.values())
+
+
 def test_fusion_pass_leaves_what_it_cannot_fuse():
     net = minidl.Net((3, 8, 8))
     net.add("conv", Conv2d(out_channels=4, padding=1))
@@ -472,6 +488,20 @@ def test_fused_vgg_trains_like_the_plain_plan():
     _, g_fused, _ = _train("vgg11_bn", "cpu", True, 4, 1)
     for k in g_plain:
         assert_close(g_fused[k], g_plain[k], "batch_norm", f"gradient of {k}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim", pytest.param(
+    "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
+def test_max_pool_taps_train_as_the_plain_plan(device):
+    """cifar10_quick (no BatchNorm): the same gradients and parameters as the plain
+    plan on the same device, bit for bit, over 3 steps."""
+    plain, g_plain, _ = _train("cifar10_quick", device, False, 8, 3)
+    fused, g_fused, ex = _train("cifar10_quick", device, True, 8, 3)
+    assert ex.plan.step("pool1").fused == ["keeps-taps"]
+    for k in g_plain:
+        np.testing.assert_array_equal(g_fused[k], g_plain[k], err_msg=k)
+    for k in plain:
+        np.testing.assert_array_equal(fused[k], plain[k], err_msg=k)
 
 
 def test_evaluation_ignores_the_training_fusion():

@@ -10,8 +10,7 @@ What a layer keeps for backward is declared in `saves` ("in": its input, "out": 
 output, as arrays shared with the graph), and whether its output and its input
 gradients are views rather than new arrays in `output_is_view` and
 `gradient_is_view`, so planners can count memory without running; what a layer
-keeps besides activations (BatchNorm's statistics, max pooling's taps) is
-`saved_bytes(batch_size, out_shape)`.
+keeps besides activations (BatchNorm's statistics) is `saved_bytes()`.
 
 Activations may live on any device (minidl.device): layers touch them only through
 minidl.ops and array methods both kinds share (shape, reshape), and `to(device)`
@@ -27,7 +26,8 @@ convolution output.  At a residual block's end (tags "reconstructed" on the
 BatchNorm, "reconstructs-a" or "-b" on the Add) the Add writes its sum before the
 ReLU and keeps it, and its backward does the BatchNorm's too, with the BatchNorm's
 input reconstructed from that sum (ops.batch_norm_add_relu_backward), which is
-therefore not kept.
+therefore not kept.  A MaxPool2d tagged "keeps-taps" keeps its taps (1 byte per
+output) instead of its input.
 """
 from __future__ import annotations
 
@@ -171,9 +171,8 @@ class Layer:
     def args(self) -> str:
         return ""
 
-    def saved_bytes(self, batch_size: int, out_shape: Shape) -> int:
-        """Bytes a training forward at batch_size keeps for backward besides activations
-        (out_shape: the per-sample output shape)."""
+    def saved_bytes(self) -> int:
+        """Bytes a training forward keeps for backward besides activations."""
         return 0
 
     # -- shared ----------------------------------------------------------------------
@@ -315,7 +314,7 @@ class BatchNorm2d(Layer):
         fill(self.buffers["running_var"], 1.0)
         self.buffers["num_batches_tracked"].fill(0)
 
-    def saved_bytes(self, batch_size, out_shape):
+    def saved_bytes(self):
         return 8 * self.num_features  # the batch mean and 1/std, float32 per channel
 
     def folding(self):
@@ -491,40 +490,29 @@ class _Pool2d(Layer):
 
 
 class MaxPool2d(_Pool2d):
-    """Max pooling (C, H, W) -> (C, H_out, W_out); ceil_mode as PyTorch and Caffe.
-    Training keeps each output's tap (the position of its window's maximum, 1 byte)
-    for backward instead of the input (windows of more than 256 elements keep the
-    input and recompute the maxima)."""
+    """Max pooling (C, H, W) -> (C, H_out, W_out); ceil_mode as PyTorch and Caffe."""
 
+    saves = ("in",)
     _op = staticmethod(ops.max_pool2d)
 
-    def _taps(self) -> bool:
+    def taps_fit(self) -> bool:
+        """Whether a window's tap fits a byte (ops.max_pool2d_argmax)."""
         return self.kernel_size[0] * self.kernel_size[1] <= ops.MAX_POOL_TAPS
 
-    @property
-    def saves(self):
-        return () if self._taps() else ("in",)
-
-    def saved_bytes(self, batch_size, out_shape):
-        return batch_size * int(np.prod(out_shape)) if self._taps() else 0
-
     def forward(self, xs, training, seed=0):
-        if training and self._taps():
-            y, tap = ops.max_pool2d_argmax(xs[0], self.kernel_size, **self._kw())
-            return y, (tap, xs[0].shape)
         return ops.max_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0]
 
     def forward_fused(self, xs, tags, seed=0, stats=None):
-        """A Mapped input read through its map ("mapped-in"); the taps saved, or the
-        input as it is (backward then recomputes the maxima from it)."""
+        """A Mapped input read through its map ("mapped-in"); saved: the taps
+        ("keeps-taps"), or the input as it is (backward recomputes the maxima from it)."""
         x, m = _unmapped(xs[0])
-        if self._taps():
+        if "keeps-taps" in tags:
             y, tap = ops.max_pool2d_argmax(x, self.kernel_size, **self._kw(), **m)
             return y, (tap, x.shape), None
         return ops.max_pool2d(x, self.kernel_size, **self._kw(), **m), xs[0], None
 
     def backward(self, dy, saved, need_dx=True):
-        if self._taps():
+        if isinstance(saved, tuple):  # the taps and x's shape
             tap, x_shape = saved
             return [ops.max_pool2d_backward_argmax(tap, dy, x_shape, self.kernel_size,
                                                    **self._kw())]

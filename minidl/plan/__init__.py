@@ -30,7 +30,10 @@ Conv+BatchNorm+ReLU for training:
 - where several gradients flow into a node (a residual block's input), a Conv2d
   reader whose backward runs after another reader's adds its input gradient to the
   one already there in its kernel's store instead of a separate sum ("accumulates-dx";
-  the executor does so when nothing else holds that gradient).
+  the executor does so when nothing else holds that gradient);
+- a MaxPool2d whose input no other step keeps for backward keeps its taps (each
+  maximum's position in its window, 1 byte per output) instead of that input
+  ("keeps-taps"; its backward then scatters dy to the taps without reading x).
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
 (BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
@@ -71,7 +74,7 @@ class Step:
     output_bytes: int           # 0 when the output is a view of the input
     kept: List[str]             # tensors (by node name) kept from forward for backward
     saved_bytes: int            # bytes kept for backward besides those (BatchNorm statistics,
-                                # max pooling's taps)
+                                # a max pool's taps)
     flops: int                  # forward, whole batch
     need_dx: List[bool]         # which inputs need a gradient
     fused: List[str] = field(default_factory=list)  # the fusion pass's tags (module doc)
@@ -202,6 +205,7 @@ def fusion(net: Net) -> Dict[str, List[str]]:
             tag(k, "applies-relu")
             tag(relu, "absorbed")
     _reconstruction(net, readers, kind, tags)
+    _pool_taps(net, tags)
     for x, r in readers.items():  # r in plan order: the last one's backward runs first
         if x != INPUT:
             for k in r[:-1]:
@@ -217,7 +221,7 @@ def _kept(net: Net, tags, root, k: str) -> List[str]:
     i = reconstructed_input(t)
     if i is not None:  # its sum, and the other operand to reconstruct from
         return sorted({root[k], root[n.inputs[1 - i]]})
-    if "reconstructed" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
+    if "reconstructed" in t or "keeps-taps" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
         return []
     return sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
 
@@ -247,6 +251,15 @@ def _reconstruction(net: Net, readers, kind, tags) -> None:
             break
 
 
+def _pool_taps(net: Net, tags) -> None:
+    """The fusion pass's max pooling step (module doc), tags updated in place."""
+    root = storage_of(net, tags)
+    for k, n in net.layers():
+        if isinstance(n.layer, nn.MaxPool2d) and n.layer.taps_fit() and not any(
+                root[n.inputs[0]] in _kept(net, tags, root, j) for j, _ in net.layers() if j != k):
+            tags.setdefault(k, []).append("keeps-taps")
+
+
 def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: int,
              need_dx: List[bool], saved_bytes: int = 0):
     """(forward, backward) bytes a step's kernels read and write, from the passes each
@@ -257,8 +270,8 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     it reads once, and nothing when mapped; backward reads x and dy twice (sums, then
     dx) and writes dx.  Elementwise layers read their inputs and write their output
     (a mapped or absorbed ReLU moves nothing forward; a mapped one nothing backward).
-    Max pooling writes its taps (saved_bytes) and its backward reads them instead of
-    the input, when it keeps them."""
+    Max pooling keeping its taps writes them (saved_bytes) and its backward reads them
+    instead of the input."""
     x = in_bytes[0]
     dx = sum(b for b, need in zip(in_bytes, need_dx) if need)
     if kind in ("Conv2d", "Linear"):
@@ -303,7 +316,8 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
         for i, need in zip(n.inputs, need_dx):
             readers[i] += need
         params = sum(p.data.nbytes for p in layer.params.values())
-        saved = layer.saved_bytes(batch_size, n.shape)
+        # a max pool's taps: a byte per output
+        saved = batch_size * int(np.prod(n.shape)) if "keeps-taps" in tags else layer.saved_bytes()
         fwd, bwd = _traffic(type(layer).__name__, tags, [size[i] for i in n.inputs],
                             size[k], params, need_dx, saved)
         steps.append(Step(
