@@ -148,6 +148,16 @@ def make_ops(np, minidl, want_api: bool):
                         (x.size + dy.size + dx.size) * F,
                         lambda: _C.max_pool2d_backward(ps, fx, fdy, fdx),
                         lambda: ops.max_pool2d_backward(x, dy, k, **kw)))
+            tap = np.empty(oshape, np.uint8)
+            ft = tap.reshape(-1)
+            out.append((f"max pool {k}x{k}/{s} fwd, taps", model, shape,
+                        (x.size + y.size) * F + tap.size,
+                        lambda: _C.max_pool2d_forward_argmax(ps, fx, None, None, False, fy, ft),
+                        lambda: ops.max_pool2d_argmax(x, k, **kw)))
+            out.append((f"max pool {k}x{k}/{s} bwd, taps", model, shape,
+                        (dy.size + dx.size) * F + tap.size,
+                        lambda: _C.max_pool2d_backward_argmax(ps, ft, fdy, fdx),
+                        lambda: ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **kw)))
         else:
             out.append((f"avg pool {k}x{k}/{s} fwd", model, shape, (x.size + y.size) * F,
                         lambda: _C.avg_pool2d_forward(ps, fx, fy),
