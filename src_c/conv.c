@@ -590,7 +590,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
     const size_t stride = g->per_thread / sizeof(float);
-    const int dot = weights_dot(s, g->wo);
+    const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
     const int64_t wp = phases_of(s).cols;
 #pragma omp parallel num_threads(nt)
     {
@@ -613,8 +613,9 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
                 const int64_t nb = b1 - b < group ? b1 - b : group;
                 for (int64_t q = 0; q < nb; q++)
                     phase_image(s, x + (b + q) * image, in, xp + q * phase_floats(s));
-                mdl_conv_weights_dot_avx2(c_out, K, g->ho, g->wo, wp, nb, phase_floats(s),
-                                          dy + b * c_out * P, xp, off, b == b0, part);
+                (avx512 ? mdl_conv_weights_dot_avx512 : mdl_conv_weights_dot_avx2)(
+                    c_out, K, g->ho, g->wo, wp, nb, phase_floats(s), dy + b * c_out * P, xp, off,
+                    b == b0, part);
                 b += nb - 1;
                 continue;
             }

@@ -57,6 +57,10 @@ void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl
 void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                int64_t images, int64_t xp_stride, const float *dy,
                                const float *xp, const int64_t *off, int first, float *part);
+/* The same with AVX-512F (conv_avx512.c). */
+void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
+                                 int64_t images, int64_t xp_stride, const float *dy,
+                                 const float *xp, const int64_t *off, int first, float *part);
 
 /* Winograd F(2x2, 3x3) and F(2x2, 5x5) (winograd_avx2.c): stride 1, padding < kernel.
  * The weights are transformed once per call into `fixed` (fixed_floats); each
