@@ -4,7 +4,8 @@
  * 16 pixels per vector: two runs of 8 output pixels in raster order (a whole row
  * piece of 16, or the ends of two rows), so dy's 16 are one load and the padded
  * image's one load or two halves.  A block of 4 output channels x 6 rows of K keeps
- * 24 accumulators (of the 32 registers) and does 24 FMAs per 4 + 6 loads, where the
+ * 24 accumulators (of the 32 registers) and does 24 FMAs per 4 + 6 loads (the last
+ * rows of K in blocks of 3, 2 or 1), where the
  * AVX2 kernel does 12 per 4 + 3 on 8 pixels: on Zen 4, whose 512-bit FMAs issue as
  * two halves, the arithmetic peak is the same, and the gain is in the loads and
  * instructions per FMA. */
@@ -52,53 +53,69 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
 
 #define ACC(c) __m512 a##c##0 = _mm512_setzero_ps(), a##c##1 = a##c##0, a##c##2 = a##c##0, \
                       a##c##3 = a##c##0, a##c##4 = a##c##0, a##c##5 = a##c##0;
-#define FMA6(c)                                                              \
+#define FMA1(c, j) \
+    if (KB > j) a##c##j = _mm512_fmadd_ps(d, x##j, a##c##j);
+#define FMAS(c)                                                              \
     {                                                                        \
         const __m512 d = lo8 ? _mm512_maskz_loadu_ps(0xFF, dy + (co + c) * P + r.q) \
                              : _mm512_loadu_ps(dy + (co + c) * P + r.q);     \
-        a##c##0 = _mm512_fmadd_ps(d, x0, a##c##0);                           \
-        a##c##1 = _mm512_fmadd_ps(d, x1, a##c##1);                           \
-        a##c##2 = _mm512_fmadd_ps(d, x2, a##c##2);                           \
-        a##c##3 = _mm512_fmadd_ps(d, x3, a##c##3);                           \
-        a##c##4 = _mm512_fmadd_ps(d, x4, a##c##4);                           \
-        a##c##5 = _mm512_fmadd_ps(d, x5, a##c##5);                           \
+        FMA1(c, 0) FMA1(c, 1) FMA1(c, 2) FMA1(c, 3) FMA1(c, 4) FMA1(c, 5)    \
     }
-#define STORE1(c, j) pr##c[j] = (first ? 0.0f : pr##c[j]) + _mm512_reduce_add_ps(a##c##j);
-#define STORE6(c)                                                            \
+#define X(j) const __m512 x##j = KB > j ? pixels(xp + off[k + j] + r.o, r.half, lo8) : zero;
+#define STORE1(c, j) \
+    if (KB > j) pr##c[j] = (first ? 0.0f : pr##c[j]) + _mm512_reduce_add_ps(a##c##j);
+#define STORES(c)                                                            \
     {                                                                        \
         float *pr##c = part + (co + c) * K + k;                              \
         STORE1(c, 0) STORE1(c, 1) STORE1(c, 2) STORE1(c, 3) STORE1(c, 4) STORE1(c, 5) \
     }
 
+/* Channels [co, co + 4) x rows [k, k + KB) of K (KB <= 6; the unused accumulators
+ * fold away). */
+ALWAYS_INLINE void dot_block(const int KB, int64_t co, int64_t k, int64_t c_out, int64_t K,
+                             int64_t ho, int64_t wo, int64_t wp, int64_t images,
+                             int64_t xp_stride, const float *dy_all, const float *xp_all,
+                             const int64_t *off, int first, float *part)
+{
+    const int64_t P = ho * wo, pairs = P / 16;
+    const int odd = (P / 8) % 2; /* a last run of 8 alone */
+    const __m512 zero = _mm512_setzero_ps();
+    ACC(0) ACC(1) ACC(2) ACC(3)
+    for (int64_t im = 0; im < images; im++) {
+        const float *dy = dy_all + im * c_out * P, *xp = xp_all + im * xp_stride;
+        runs r;
+        runs_start(&r, wo, wp);
+        for (int64_t g = 0; g < pairs + odd; g++) {
+            const int lo8 = g == pairs;
+            X(0) X(1) X(2) X(3) X(4) X(5)
+            FMAS(0) FMAS(1) FMAS(2) FMAS(3)
+            runs_next(&r, wo, wp);
+        }
+    }
+    STORES(0) STORES(1) STORES(2) STORES(3)
+}
+
 void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                  int64_t images, int64_t xp_stride, const float *dy_all,
                                  const float *xp_all, const int64_t *off, int first, float *part)
 {
-    const int64_t P = ho * wo, co4 = c_out / 4 * 4, k6 = K / 6 * 6, pairs = P / 16;
-    const int odd = (P / 8) % 2; /* a last run of 8 alone */
+    const int64_t P = ho * wo, co4 = c_out / 4 * 4, pairs = P / 16;
+    const int odd = (P / 8) % 2;
+    /* rows of K in blocks of 6, then 3, 2 or 1 */
     for (int64_t co = 0; co < co4; co += 4)
-        for (int64_t k = 0; k < k6; k += 6) {
-            ACC(0) ACC(1) ACC(2) ACC(3)
-            for (int64_t im = 0; im < images; im++) {
-                const float *dy = dy_all + im * c_out * P, *xp = xp_all + im * xp_stride;
-                const float *r0 = xp + off[k], *r1 = xp + off[k + 1], *r2 = xp + off[k + 2];
-                const float *r3 = xp + off[k + 3], *r4 = xp + off[k + 4], *r5 = xp + off[k + 5];
-                runs r;
-                runs_start(&r, wo, wp);
-                for (int64_t g = 0; g < pairs + odd; g++) {
-                    const int lo8 = g == pairs;
-                    const __m512 x0 = pixels(r0 + r.o, r.half, lo8), x1 = pixels(r1 + r.o, r.half, lo8);
-                    const __m512 x2 = pixels(r2 + r.o, r.half, lo8), x3 = pixels(r3 + r.o, r.half, lo8);
-                    const __m512 x4 = pixels(r4 + r.o, r.half, lo8), x5 = pixels(r5 + r.o, r.half, lo8);
-                    FMA6(0) FMA6(1) FMA6(2) FMA6(3)
-                    runs_next(&r, wo, wp);
-                }
-            }
-            STORE6(0) STORE6(1) STORE6(2) STORE6(3)
+        for (int64_t k = 0; k < K;) {
+            const int64_t left = K - k;
+#define BLOCK(KB) dot_block(KB, co, k, c_out, K, ho, wo, wp, images, xp_stride, dy_all, xp_all, \
+                            off, first, part)
+            if (left >= 6) BLOCK(6), k += 6;
+            else if (left >= 3) BLOCK(3), k += 3;
+            else if (left == 2) BLOCK(2), k += 2;
+            else BLOCK(1), k += 1;
+#undef BLOCK
         }
-    /* the remaining channels or rows, one dot product at a time */
-    for (int64_t co = 0; co < c_out; co++)
-        for (int64_t k = co < co4 ? k6 : 0; k < K; k++) {
+    /* the remaining channels, one dot product at a time */
+    for (int64_t co = co4; co < c_out; co++)
+        for (int64_t k = 0; k < K; k++) {
             __m512 acc = _mm512_setzero_ps();
             for (int64_t im = 0; im < images; im++) {
                 const float *dy = dy_all + im * c_out * P + co * P;
