@@ -182,9 +182,18 @@ mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
+#define MAX_TAPS 256 /* a tap is one byte */
+
+static mdl_status check_taps(const char *fn, const mdl_pool_geom *g)
+{
+    MDL_CHECK(g->kh * g->kw <= MAX_TAPS, "%s: the tap of a window of %lld x %lld elements does "
+              "not fit a byte (at most %d)", fn, (long long)g->kh, (long long)g->kw, MAX_TAPS);
+    return MDL_OK;
+}
+
 /* Max pooling, forward or backward (back), of x read through the map `in` (NULL: x
  * itself): with a map, each thread reads its planes through it into a plane of its own
- * and pools that. */
+ * and pools that.  A forward with tap (not NULL) also records each maximum's tap. */
 static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, const float *x,
                            const mdl_affine *in, const float *dy, float *out, uint8_t *tap)
 {
@@ -198,6 +207,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
     } else {
         MDL_CHECK((x) != NULL && (out) != NULL, "%s: x and y must not be NULL", fn);
     }
+    if (tap && (st = check_taps(fn, &g)) != MDL_OK) return st;
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     const int avx2 = mdl_use_avx2() && g.vec_ok;
     int nt = mdl_threads_for((double)planes * ((double)ohw * (double)(g.kh * g.kw) +
@@ -267,15 +277,10 @@ mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float 
     return max_pool(__func__, 1, s, x, in, dy, dx, NULL);
 }
 
-#define MAX_TAPS 256 /* a tap is one byte */
-
 mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                          const mdl_affine *in, float *y, uint8_t *tap)
 {
     const char *fn = __func__;
-    MDL_CHECK(s == NULL || s->kh * s->kw <= MAX_TAPS,
-              "%s: the tap of a window of %lld x %lld elements does not fit a byte (at most %d)",
-              fn, (long long)s->kh, (long long)s->kw, MAX_TAPS);
     MDL_CHECK(tap != NULL, "%s: tap must not be NULL", fn);
     return max_pool(fn, 0, s, x, in, NULL, y, tap);
 }
@@ -308,9 +313,7 @@ mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8
     const char *fn = __func__;
     mdl_pool_geom g;
     mdl_status st = pool_geom(fn, s, &g);
-    if (st != MDL_OK) return st;
-    MDL_CHECK(g.kh * g.kw <= MAX_TAPS, "%s: the tap of a window of %lld x %lld elements does "
-              "not fit a byte (at most %d)", fn, (long long)g.kh, (long long)g.kw, MAX_TAPS);
+    if (st != MDL_OK || (st = check_taps(fn, &g)) != MDL_OK) return st;
     MDL_CHECK(tap != NULL && dy != NULL && dx != NULL, "%s: tap, dy and dx must not be NULL", fn);
     int64_t to_row[MAX_TAPS], to_col[MAX_TAPS];
     for (int64_t t = 0; t < g.kh * g.kw; t++) to_row[t] = t / g.kw, to_col[t] = t % g.kw;

@@ -219,6 +219,50 @@ void mdl_max_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
     }
 }
 
+/* The maxima of the windows of 8 output columns from o and where they are: best
+ * takes, lane by lane, the index vector given with the window position that wins
+ * (greater or NaN, as the reference); the caller sets best's start, the index of
+ * each window's first position inside the plane. */
+typedef struct arg_group {
+    const float *base; /* x at the group's first window column */
+    int64_t c;         /* that column */
+    __m256i col;       /* each lane's first window column */
+    int inside;
+    __m256 m;
+    __m256i best;
+} arg_group;
+
+/* t: the group's border masks (group_masks), filled when it is not interior; an array
+ * of the caller's, so that the group's vectors can stay in registers */
+ALWAYS_INLINE void arg_group_start(const mdl_pool_geom *g, const float *x, int64_t o,
+                                   __m256i offs, arg_group *q, tap_masks *t)
+{
+    q->c = o * g->sw - g->pw;
+    q->base = x + q->c;
+    q->col = _mm256_add_epi32(_mm256_set1_epi32((int)q->c), offs);
+    q->inside = interior(g, o);
+    if (!q->inside) group_masks(g, q->c, offs, t);
+    q->m = _mm256_set1_ps(-INFINITY);
+}
+
+/* window position (ih, kx), whose index in each lane is `index` */
+ALWAYS_INLINE void arg_group_take(const mdl_pool_geom *g, int64_t ih, int64_t kx, __m256i index,
+                                  const int mode, __m256i offs, arg_group *q,
+                                  const tap_masks *t)
+{
+    const float *p = q->base + ih * g->w + kx;
+    __m256 v;
+    if (q->inside) {
+        v = load_strided(p, mode, offs);
+    } else {
+        const tap_masks tk = group_mask(g, q->c, kx, offs, t);
+        v = load_strided_masked(p, mode, offs, &tk);
+    }
+    const __m256 take = max_take(v, q->m);
+    q->m = _mm256_blendv_ps(q->m, v, take);
+    q->best = _mm256_blendv_epi8(q->best, index, _mm256_castps_si256(take));
+}
+
 /* The argmax of 8 windows is tracked as a vector of flat plane indices
  * (int32: vec_ok guarantees h * w < 2^31); dy is then scattered lane by lane,
  * in the reference's order. */
@@ -226,7 +270,6 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
                                   float *dx, const int mode)
 {
     const __m256i offs = lane_offsets(g->sw);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
     const int64_t wo = g->wo;
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof(float));
     for (int64_t oh = 0; oh < g->ho; oh++) {
@@ -240,35 +283,21 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
         int64_t ow = 0;
         while (ow < wo) {
             const int64_t o = ow + 8 <= wo ? ow : wo - 8;
-            const int64_t c = o * g->sw - g->pw;
-            const int inside = interior(g, o);
-            const float *base = x + c;
-            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)c), offs);
+            arg_group q;
             tap_masks t[HOIST_KW];
-            if (!inside) group_masks(g, c, offs, t);
-            __m256 m = ninf;
-            /* before any tap is taken: the window's first tap in the row */
-            __m256i idx = _mm256_add_epi32(_mm256_max_epi32(col, _mm256_setzero_si256()),
-                                           _mm256_set1_epi32((int)(hs * g->w)));
+            arg_group_start(g, x, o, offs, &q, t);
+            /* before any position is taken: the window's first in the row */
+            q.best = _mm256_add_epi32(_mm256_max_epi32(q.col, _mm256_setzero_si256()),
+                                      _mm256_set1_epi32((int)(hs * g->w)));
             for (int64_t ih = hs; ih < he; ih++) {
-                __m256i cur = _mm256_add_epi32(col, _mm256_set1_epi32((int)(ih * g->w)));
+                __m256i cur = _mm256_add_epi32(q.col, _mm256_set1_epi32((int)(ih * g->w)));
                 for (int64_t kx = 0; kx < g->kw; kx++) {
-                    const float *p = base + ih * g->w + kx;
-                    __m256 v;
-                    if (inside) {
-                        v = load_strided(p, mode, offs);
-                    } else {
-                        const tap_masks tk = group_mask(g, c, kx, offs, t);
-                        v = load_strided_masked(p, mode, offs, &tk);
-                    }
-                    __m256 take = max_take(v, m);
-                    m = _mm256_blendv_ps(m, v, take);
-                    idx = _mm256_blendv_epi8(idx, cur, _mm256_castps_si256(take));
+                    arg_group_take(g, ih, kx, cur, mode, offs, &q, t);
                     cur = _mm256_add_epi32(cur, _mm256_set1_epi32(1));
                 }
             }
             int32_t at[8];
-            _mm256_storeu_si256((__m256i *)at, idx);
+            _mm256_storeu_si256((__m256i *)at, q.best);
             for (int j = (int)(ow - o); j < 8; j++) dx[at[j]] += dyrow[o + j]; /* new lanes only */
             ow = o + 8;
         }
@@ -285,50 +314,7 @@ void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const 
     }
 }
 
-/* The maxima of the windows of 8 output columns from o (row span [hs, he), output
- * row starting at input row r0) and their taps (ky * kw + kx in the unclipped window,
- * the same for every lane of a tap), starting, as the reference does, at each
- * window's first tap inside the plane. */
-typedef struct tap_group {
-    const float *base; /* x at the group's first window column */
-    int64_t c;         /* that column */
-    int inside;
-    tap_masks t[HOIST_KW];
-    __m256 m;
-    __m256i best;
-} tap_group;
-
-ALWAYS_INLINE void tap_group_start(const mdl_pool_geom *g, const float *x, int64_t hs, int64_t r0,
-                                   int64_t o, __m256i offs, tap_group *q)
-{
-    q->c = o * g->sw - g->pw;
-    q->base = x + q->c;
-    q->inside = interior(g, o);
-    if (!q->inside) group_masks(g, q->c, offs, q->t);
-    const __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)q->c), offs);
-    q->m = _mm256_set1_ps(-INFINITY);
-    q->best = _mm256_add_epi32(_mm256_max_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), col),
-                                                _mm256_setzero_si256()),
-                               _mm256_set1_epi32((int)((hs - r0) * g->kw)));
-}
-
-ALWAYS_INLINE void tap_group_take(const mdl_pool_geom *g, int64_t ih, int64_t kx, __m256i tap,
-                                  const int mode, __m256i offs, tap_group *q)
-{
-    const float *p = q->base + ih * g->w + kx;
-    __m256 v;
-    if (q->inside) {
-        v = load_strided(p, mode, offs);
-    } else {
-        const tap_masks tk = group_mask(g, q->c, kx, offs, q->t);
-        v = load_strided_masked(p, mode, offs, &tk);
-    }
-    const __m256 take = max_take(v, q->m);
-    q->m = _mm256_blendv_ps(q->m, v, take);
-    q->best = _mm256_blendv_epi8(q->best, tap, _mm256_castps_si256(take));
-}
-
-ALWAYS_INLINE void tap_group_store(const tap_group *q, float *y, uint8_t *tap)
+ALWAYS_INLINE void arg_group_store(const arg_group *q, float *y, uint8_t *tap)
 {
     _mm256_storeu_ps(y, q->m);
     /* 8 int32 taps < 256 to 8 bytes */
@@ -355,17 +341,23 @@ ALWAYS_INLINE void max_tap_plane(const mdl_pool_geom *g, const float *x, float *
         for (int64_t ow = 0; ow < wo;) {
             const int64_t o1 = ow + 8 <= wo ? ow : wo - 8;
             const int64_t o2 = o1 + 16 <= wo ? o1 + 8 : wo - 8;
-            tap_group a, b;
-            tap_group_start(g, x, hs, r0, o1, offs, &a);
-            tap_group_start(g, x, hs, r0, o2, offs, &b);
+            arg_group a, b;
+            tap_masks ta[HOIST_KW], tb[HOIST_KW];
+            arg_group_start(g, x, o1, offs, &a, ta);
+            arg_group_start(g, x, o2, offs, &b, tb);
+            /* before any position is taken: each window's first in the plane */
+            const __m256i first = _mm256_set1_epi32((int)((hs - r0) * g->kw));
+            const __m256i zero = _mm256_setzero_si256();
+            a.best = _mm256_add_epi32(_mm256_max_epi32(_mm256_sub_epi32(zero, a.col), zero), first);
+            b.best = _mm256_add_epi32(_mm256_max_epi32(_mm256_sub_epi32(zero, b.col), zero), first);
             for (int64_t ih = hs; ih < he; ih++)
                 for (int64_t kx = 0; kx < g->kw; kx++) {
                     const __m256i t = _mm256_set1_epi32((int)((ih - r0) * g->kw + kx));
-                    tap_group_take(g, ih, kx, t, mode, offs, &a);
-                    tap_group_take(g, ih, kx, t, mode, offs, &b);
+                    arg_group_take(g, ih, kx, t, mode, offs, &a, ta);
+                    arg_group_take(g, ih, kx, t, mode, offs, &b, tb);
                 }
-            tap_group_store(&a, y + oh * wo + o1, tap + oh * wo + o1);
-            tap_group_store(&b, y + oh * wo + o2, tap + oh * wo + o2);
+            arg_group_store(&a, y + oh * wo + o1, tap + oh * wo + o1);
+            arg_group_store(&b, y + oh * wo + o2, tap + oh * wo + o2);
             ow = o2 + 8;
         }
     }

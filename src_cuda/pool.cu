@@ -67,29 +67,12 @@ __device__ __forceinline__ void containing(int i, int stride, int pad, int k, in
     hi = min((i + pad) / stride, n_out - 1);
 }
 
-/* y (planes, ho, wo) = max over each window of x (planes, h, w); FUSED: of in(x) */
+/* y (planes, ho, wo) = max over each window of x (planes, h, w); FUSED: of in(x).  tap
+ * (not NULL): each maximum's tap, ky * kw + kx from the window's unclipped top-left
+ * corner (oh*sh - ph, ow*sw - pw) */
 template <bool FUSED>
-__global__ void max_pool_fwd(pool_geom g, const float *x, float *y, mdl_input_map<FUSED> in)
-{
-    const int64_t total = g.planes * g.ho * g.wo;
-    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
-         o += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t pl = o / ((int64_t)g.ho * g.wo);
-        const int q = (int)(o - pl * g.ho * g.wo), oh = q / g.wo, ow = q - oh * g.wo;
-        int hs, he, ws, we, sp;
-        span(oh, g.sh, g.ph, g.kh, g.h, hs, he, sp);
-        span(ow, g.sw, g.pw, g.kw, g.w, ws, we, sp);
-        float m;
-        window_argmax<FUSED>(x + pl * g.h * g.w, g.w, hs, he, ws, we, in, pl % g.c, m);
-        y[o] = m;
-    }
-}
-
-/* As max_pool_fwd, and tap (planes, ho, wo) = the tap of each window's maximum: ky * kw
- * + kx from the window's unclipped top-left corner (oh*sh - ph, ow*sw - pw) */
-template <bool FUSED>
-__global__ void max_pool_fwd_tap(pool_geom g, const float *x, float *y, uint8_t *tap,
-                                 mdl_input_map<FUSED> in)
+__global__ void max_pool_fwd(pool_geom g, const float *x, float *y, uint8_t *tap,
+                             mdl_input_map<FUSED> in)
 {
     const int64_t total = g.planes * g.ho * g.wo;
     for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
@@ -102,9 +85,11 @@ __global__ void max_pool_fwd_tap(pool_geom g, const float *x, float *y, uint8_t 
         float m;
         const int best = window_argmax<FUSED>(x + pl * g.h * g.w, g.w, hs, he, ws, we, in,
                                               pl % g.c, m);
-        const int bh = best / g.w, bw = best - bh * g.w;
         y[o] = m;
-        tap[o] = (uint8_t)((bh - (oh * g.sh - g.ph)) * g.kw + bw - (ow * g.sw - g.pw));
+        if (tap) {
+            const int bh = best / g.w, bw = best - bh * g.w;
+            tap[o] = (uint8_t)((bh - (oh * g.sh - g.ph)) * g.kw + bw - (ow * g.sw - g.pw));
+        }
     }
 }
 
@@ -141,7 +126,7 @@ __global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float
     }
 }
 
-/* dx (planes, h, w) = sum of dy over the windows whose tap (max_pool_fwd_tap) is this
+/* dx (planes, h, w) = sum of dy over the windows whose tap (max_pool_fwd) is this
  * element, in row-major window order; a tap that names no element of the plane (a
  * padding position, or >= kh * kw) matches no thread and is dropped */
 __global__ void max_pool_bwd_tap(pool_geom g, const uint8_t *tap, const float *dy, float *dx)
@@ -275,6 +260,13 @@ mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
+#define MAX_TAPS 256 /* a tap is one byte */
+/* kh * kw taps fit a byte */
+#define CHECK_TAPS(kh, kw)                                                                    \
+    MDL_CHECK((int64_t)(kh) * (kw) <= MAX_TAPS,                                                        \
+              "%s: the tap of a window of %lld x %lld elements does not fit a byte (at most %d)", \
+              fn, (long long)(kh), (long long)(kw), MAX_TAPS)
+
 /* in: the map x is read through (NULL: x as it is); tap: where the maxima's taps go
  * (NULL: not recorded) */
 static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const float *x,
@@ -286,18 +278,12 @@ static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const f
     if (st != MDL_OK) return st;
     MDL_CHECK_AFFINE(fn, in, "in");
     CHECK_PTRS2(x, y);
+    if (tap) CHECK_TAPS(g.kh, g.kw);
     const unsigned blocks = mdl_ew_blocks(g.planes * g.ho * g.wo);
-    const bool fused = in && (in->scale || in->relu); /* otherwise the identity: plain */
-    if (tap && fused)
-        max_pool_fwd_tap<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap,
-                                                                     mdl_affine_of(in));
-    else if (tap)
-        max_pool_fwd_tap<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap,
-                                                                      mdl_no_affine{});
-    else if (fused)
-        max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_affine_of(in));
+    if (in && (in->scale || in->relu)) /* otherwise the identity: plain */
+        max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_affine_of(in));
     else
-        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, mdl_no_affine{});
+        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_no_affine{});
     return mdl_cuda_launched(fn);
 }
 
@@ -347,20 +333,11 @@ mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const f
     return max_backward(__func__, s, x, in, dy, dx, stream);
 }
 
-#define MAX_TAPS 256 /* a tap is one byte */
-/* kh * kw taps fit a byte (the product in double: the forward checks it before the shape's
- * fields are checked) */
-#define CHECK_TAPS(kh, kw)                                                                    \
-    MDL_CHECK((double)(kh) * (double)(kw) <= MAX_TAPS,                                       \
-              "%s: the tap of a window of %lld x %lld elements does not fit a byte (at most %d)", \
-              fn, (long long)(kh), (long long)(kw), MAX_TAPS)
-
 mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                               const mdl_affine *in, float *y, uint8_t *tap,
                                               mdl_cuda_stream stream)
 {
     const char *fn = __func__;
-    if (s) CHECK_TAPS(s->kh, s->kw);
     MDL_CHECK_PTR_FN(fn, tap);
     return max_forward(fn, s, x, in, y, tap, stream);
 }
