@@ -56,7 +56,7 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
 #define FMA1(c, j) \
     if (KB > j) a##c##j = _mm512_fmadd_ps(d, x##j, a##c##j);
 #define FMAS(c)                                                              \
-    {                                                                        \
+    if (CB > c) {                                                            \
         const __m512 d = lo8 ? _mm512_maskz_loadu_ps(0xFF, dy + (co + c) * P + r.q) \
                              : _mm512_loadu_ps(dy + (co + c) * P + r.q);     \
         FMA1(c, 0) FMA1(c, 1) FMA1(c, 2) FMA1(c, 3) FMA1(c, 4) FMA1(c, 5)    \
@@ -65,14 +65,14 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
 #define STORE1(c, j) \
     if (KB > j) pr##c[j] = (first ? 0.0f : pr##c[j]) + _mm512_reduce_add_ps(a##c##j);
 #define STORES(c)                                                            \
-    {                                                                        \
+    if (CB > c) {                                                            \
         float *pr##c = part + (co + c) * K + k;                              \
         STORE1(c, 0) STORE1(c, 1) STORE1(c, 2) STORE1(c, 3) STORE1(c, 4) STORE1(c, 5) \
     }
 
-/* Channels [co, co + 4) x rows [k, k + KB) of K (KB <= 6; the unused accumulators
- * fold away). */
-ALWAYS_INLINE void dot_block(const int KB, int64_t co, int64_t k, int64_t c_out, int64_t K,
+/* Channels [co, co + CB) x rows [k, k + KB) of K (CB <= 4, KB <= 6; the unused
+ * accumulators fold away). */
+ALWAYS_INLINE void dot_block(const int CB, const int KB, int64_t co, int64_t k, int64_t c_out, int64_t K,
                              int64_t ho, int64_t wo, int64_t wp, int64_t images,
                              int64_t xp_stride, const float *dy_all, const float *xp_all,
                              const int64_t *off, int first, float *part)
@@ -99,40 +99,31 @@ void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t w
                                  int64_t images, int64_t xp_stride, const float *dy_all,
                                  const float *xp_all, const int64_t *off, int first, float *part)
 {
-    const int64_t P = ho * wo, co4 = c_out / 4 * 4, pairs = P / 16;
-    const int odd = (P / 8) % 2;
-    /* rows of K in blocks of 6, then 3, 2 or 1 */
-    for (int64_t co = 0; co < co4; co += 4)
+    /* channels in blocks of 4 (the last ones alone), rows of K in blocks of 6, then 3,
+     * 2 or 1 */
+    for (int64_t co = 0; co < c_out;) {
+        const int cb = c_out - co >= 4 ? 4 : 1;
         for (int64_t k = 0; k < K;) {
             const int64_t left = K - k;
-#define BLOCK(KB) dot_block(KB, co, k, c_out, K, ho, wo, wp, images, xp_stride, dy_all, xp_all, \
-                            off, first, part)
-            if (left >= 6) BLOCK(6), k += 6;
-            else if (left >= 3) BLOCK(3), k += 3;
-            else if (left == 2) BLOCK(2), k += 2;
-            else BLOCK(1), k += 1;
-#undef BLOCK
-        }
-    /* the remaining channels, one dot product at a time */
-    for (int64_t co = co4; co < c_out; co++)
-        for (int64_t k = 0; k < K; k++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t im = 0; im < images; im++) {
-                const float *dy = dy_all + im * c_out * P + co * P;
-                const float *x = xp_all + im * xp_stride + off[k];
-                runs r;
-                runs_start(&r, wo, wp);
-                for (int64_t g = 0; g < pairs + odd; g++) {
-                    const int lo8 = g == pairs;
-                    const __m512 d = lo8 ? _mm512_maskz_loadu_ps(0xFF, dy + r.q)
-                                         : _mm512_loadu_ps(dy + r.q);
-                    acc = _mm512_fmadd_ps(d, pixels(x + r.o, r.half, lo8), acc);
-                    runs_next(&r, wo, wp);
-                }
+            const int kb = left >= 6 ? 6 : left >= 3 ? 3 : (int)left;
+#define BLOCK(CB, KB) dot_block(CB, KB, co, k, c_out, K, ho, wo, wp, images, xp_stride, dy_all, \
+                                xp_all, off, first, part)
+            if (cb == 4) {
+                if (kb == 6) BLOCK(4, 6);
+                else if (kb == 3) BLOCK(4, 3);
+                else if (kb == 2) BLOCK(4, 2);
+                else BLOCK(4, 1);
+            } else {
+                if (kb == 6) BLOCK(1, 6);
+                else if (kb == 3) BLOCK(1, 3);
+                else if (kb == 2) BLOCK(1, 2);
+                else BLOCK(1, 1);
             }
-            float *pr = part + co * K + k;
-            *pr = (first ? 0.0f : *pr) + _mm512_reduce_add_ps(acc);
+#undef BLOCK
+            k += kb;
         }
+        co += cb;
+    }
 }
 
 #endif
