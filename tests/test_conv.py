@@ -105,10 +105,17 @@ def test_conv_threads(simd, threads, rng, case):
     check_all(rng, case, True)
 
 
-# 3x3 and 5x5, stride 1: Winograd F(2x2, r x r) where it applies (padding < r); odd and even
-# output sizes, tile rows and columns that do not fill a vector, few channels
+# 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
+# in AVX2 vectors, and F(4x4, 3x3) with channels in AVX-512 vectors (c_in and c_out
+# multiples of 16); odd and even output sizes, tile rows and columns that do not fill a
+# vector, few channels
 WINOGRAD = [
     (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
+    (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
+    (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
+    (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
+    (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
+    (2, 32, 5, 5, 16, 3, 3, 1, (0, 1)),       # F(4x4): no padding in one direction
     (3, 5, 7, 9, 6, 3, 3, 1, 1),              # odd output: partial tiles
     (2, 17, 8, 8, 19, 3, 3, 1, 0),            # no padding
     (1, 4, 5, 21, 3, 3, 3, 1, 2),             # padding 2, 11 tile columns

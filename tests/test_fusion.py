@@ -465,20 +465,29 @@ def _cuda_missing():
     return None
 
 
+@pytest.mark.parametrize("algo", ["gemm", "auto"])
 @pytest.mark.parametrize("device", ["cpu", "sim", pytest.param(
     "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
-def test_fused_training_matches_the_plain_plan(device):
-    """resnet20, 20 SGD steps (batch 16, momentum 0.9): the first step's gradients agree
-    per tensor within 1e-4 and the parameters and running statistics after 20 steps
-    within a relative L2 distance of 2e-3 over all of them.  Float32 sums taken in a
-    different order drift apart over the steps: 1 against 2 threads, both plain, end
-    3e-4 apart here, fused against plain 5e-4."""
-    plain, g_plain, _ = _train("resnet20", "cpu", False, 16, 20)
-    fused, g_fused, ex = _train("resnet20", device, True, 16, 20)
+def test_fused_training_matches_the_plain_plan(device, algo):
+    """resnet20, 20 SGD steps (batch 16, momentum 0.9): the parameters and running
+    statistics after 20 steps agree within a relative L2 distance over all of them of
+    2e-3 with the convolutions' GEMM and 5e-3 with the default algorithm (on AVX-512,
+    Winograd F(4x4, 3x3), whose rounding error per convolution is about ten times the
+    GEMM's); with the GEMM, the first step's gradients also agree per tensor within 5e-5.
+    This net at this batch is very sensitive to rounding: the input times (1 + 1e-6
+    noise) moves the first step's gradients by up to 7%, and the plain plan with GEMM
+    against Winograd ends 2.7e-3 apart, fused against plain 1.2e-3 (GEMM) and 2.7e-3."""
+    minidl.set_conv_algo(algo)
+    try:
+        plain, g_plain, _ = _train("resnet20", "cpu", False, 16, 20)
+        fused, g_fused, ex = _train("resnet20", device, True, 16, 20)
+    finally:
+        minidl.set_conv_algo("auto")
     assert ex.plan.passes == ["fusion"]
-    for k in g_plain:
-        assert_close(g_fused[k], g_plain[k], "batch_norm", f"first step's gradient of {k}")
-    assert _rel_l2(plain, fused) < 2e-3
+    if algo == "gemm":
+        for k in g_plain:
+            assert_close(g_fused[k], g_plain[k], "batch_norm", f"first step's gradient of {k}")
+    assert _rel_l2(plain, fused) < (2e-3 if algo == "gemm" else 5e-3)
     assert fused["bn1.num_batches_tracked"] == 20
 
 

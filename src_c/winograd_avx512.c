@@ -1,0 +1,372 @@
+/* winograd_avx512.c -- 3x3 convolutions with stride 1 by Winograd's minimal filtering
+ * F(4x4, 3x3), 16 channels to a vector (compiled with -mavx512f).
+ *
+ * Each 4x4 block of outputs ("tile") comes from the 6x6 block d of the padded input
+ * that starts at its top-left corner:
+ *     Y = A^T [ (G g G^T) (.) (B^T d B) ] A,
+ * 36 multiplications per channel pair instead of 144.  Summed over the input
+ * channels, (.) becomes 36 independent products, one per transform point xi:
+ *     M_xi (tiles, c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out).
+ * The points are 0, 1, -1, 2, -2 and infinity (Lavin and Gray's matrices).
+ *
+ * F(2x2, 3x3) in winograd_avx2.c puts tiles in the vectors; its transforms, which
+ * gather every other column of the image, cost more than they save below 64
+ * channels.  Here the vectors hold channels, so every transform is plain vector
+ * arithmetic on whole registers:
+ *   1. the images are transposed to (rows, columns, c_in), zero-padded, the input
+ *      map (a BatchNorm's normalisation and ReLU) applied on the way;
+ *   2. per chunk of tiles (V and M sized to stay in L2): V = B^T d B per tile and
+ *      block of 16 input channels; the 36 products, register-blocked as 24
+ *      vectors of M (tiles x output channels); Y = A^T M A per tile and block of
+ *      16 output channels, then bias, ReLU and the channel sums with the channels
+ *      in the lanes, and a 16 x 16 transpose back to NCHW rows of 4.
+ * Small images go several to a call (mdl_winograd4_group) so that the products
+ * have tiles enough to fill their blocks. */
+#include "common.h"
+#if MDL_X86
+#include <string.h>
+#include <immintrin.h>
+#include "conv.h"
+
+#define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
+#define XI 36                                      /* transform points, 6 x 6 */
+#define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
+
+typedef struct w4_geom {
+    int64_t th, tw, T;  /* tile rows and columns of an image, tiles per image */
+    int64_t hp, wp;     /* rows and columns of a transposed image: 4 th + 2, 4 tw + 2 */
+    int64_t group;      /* images per call */
+    int64_t chunk;      /* tiles per chunk at most */
+} w4_geom;
+
+static w4_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    w4_geom g;
+    g.th = (ho + 3) / 4;
+    g.tw = (wo + 3) / 4;
+    g.T = g.th * g.tw;
+    g.hp = 4 * g.th + 2;
+    g.wp = 4 * g.tw + 2;
+    const int64_t c = CHUNK_BYTES / (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
+    g.chunk = c < 1 ? 1 : c;
+    g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
+    if (g.group > s->n && s->n > 0) g.group = s->n;
+    if (g.chunk > g.group * g.T) g.chunk = g.group * g.T;
+    return g;
+}
+
+int mdl_winograd4_applies(const mdl_conv2d_shape *s)
+{
+    return s->kh == 3 && s->kw == 3 && s->stride_h == 1 && s->stride_w == 1 && s->pad_h <= 2 &&
+           s->pad_w <= 2 && s->c_in % 16 == 0 && s->c_out % 16 == 0;
+}
+
+size_t mdl_winograd4_fixed_floats(const mdl_conv2d_shape *s)
+{
+    return FL(XI * s->c_in * s->c_out);
+}
+
+int64_t mdl_winograd4_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    return geom(s, ho, wo).group;
+}
+
+size_t mdl_winograd4_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    const w4_geom g = geom(s, ho, wo);
+    return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
+           FL(XI * g.chunk * s->c_out);
+}
+
+static const double G[6][3] = {{1.0 / 4, 0, 0},
+                               {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                               {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                               {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                               {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                               {0, 0, 1}};
+
+/* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci] (in double, rounded once) */
+void mdl_winograd4_weights(const mdl_conv2d_shape *s, const float *w, float *u)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out;
+    for (int64_t co = 0; co < c_out; co++)
+        for (int64_t ci = 0; ci < c_in; ci++) {
+            const float *g = w + (co * c_in + ci) * 9;
+            double t[6][3]; /* G g */
+            for (int i = 0; i < 6; i++)
+                for (int j = 0; j < 3; j++)
+                    t[i][j] = G[i][0] * g[j] + G[i][1] * g[3 + j] + G[i][2] * g[6 + j];
+            for (int i = 0; i < 6; i++)
+                for (int j = 0; j < 6; j++)
+                    u[((i * 6 + j) * c_in + ci) * c_out + co] =
+                        (float)(t[i][0] * G[j][0] + t[i][1] * G[j][1] + t[i][2] * G[j][2]);
+        }
+}
+
+/* r[i] becomes the column i of the 16 x 16 matrix whose rows were r[0..15] */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) { /* pairs of rows interleaved within 128-bit lanes */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + c], lane L: rows 4i .. 4i + 3 of column 4L + c */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* column 4L + c: lane L of r[c], r[4 + c], r[8 + c], r[12 + c] */
+        const __m512 a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        const __m512 b = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        const __m512 e = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 f = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);
+        t[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* xt (hp, wp, c_in) = the image x (c_in, h, w) read through the map `in`, zero-padded */
+static void transpose_image(const mdl_conv2d_shape *s, const w4_geom *g, const float *x,
+                            const mdl_affine *in, float *xt)
+{
+    const int64_t c_in = s->c_in, h = s->h, w = s->w, pw = s->pad_w, row = g->wp * c_in;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < g->hp; r++) {
+        float *dst = xt + r * row;
+        const int64_t ih = r - s->pad_h;
+        if (ih < 0 || ih >= h) {
+            memset(dst, 0, (size_t)row * sizeof(float));
+            continue;
+        }
+        memset(dst, 0, (size_t)(pw * c_in) * sizeof(float));
+        memset(dst + (pw + w) * c_in, 0, (size_t)((g->wp - pw - w) * c_in) * sizeof(float));
+        for (int64_t c0 = 0; c0 < w; c0 += 16) {
+            const int64_t nc = w - c0 < 16 ? w - c0 : 16;
+            const __mmask16 k = (__mmask16)((1u << nc) - 1);
+            for (int64_t cb = 0; cb < c_in; cb += 16) {
+                __m512 v[16];
+                for (int i = 0; i < 16; i++) {
+                    v[i] = _mm512_maskz_loadu_ps(k, x + ((cb + i) * h + ih) * w + c0);
+                    if (in) { /* mdl_affine_apply; lanes past the row are not stored */
+                        const mdl_affine_ch f = mdl_affine_at(in, cb + i);
+                        v[i] = _mm512_fmadd_ps(v[i], _mm512_set1_ps(f.s), _mm512_set1_ps(f.t));
+                        if (f.relu) v[i] = _mm512_max_ps(zero, v[i]); /* NaN passes */
+                    }
+                }
+                transpose16(v);
+                for (int64_t j = 0; j < nc; j++)
+                    _mm512_storeu_ps(dst + (pw + c0 + j) * c_in + cb, v[j]);
+            }
+        }
+    }
+}
+
+/* t = B^T d for 6 vectors */
+static inline __attribute__((always_inline)) void bt6(const __m512 d[6], __m512 t[6])
+{
+    const __m512 c2 = _mm512_set1_ps(2.0f), c4 = _mm512_set1_ps(4.0f);
+    const __m512 m5 = _mm512_set1_ps(-5.0f);
+    const __m512 p = _mm512_add_ps(d[3], d[4]), q = _mm512_sub_ps(d[4], d[3]);
+    const __m512 r = _mm512_add_ps(d[1], d[2]), sd = _mm512_sub_ps(d[1], d[2]);
+    const __m512 u = _mm512_sub_ps(d[4], d[2]), v = _mm512_sub_ps(d[3], d[1]);
+    t[0] = _mm512_fmadd_ps(c4, d[0], _mm512_fmadd_ps(m5, d[2], d[4]));
+    t[1] = _mm512_fnmadd_ps(c4, r, p);
+    t[2] = _mm512_fmadd_ps(c4, sd, q);
+    t[3] = _mm512_fmadd_ps(c2, v, u);
+    t[4] = _mm512_fnmadd_ps(c2, v, u);
+    t[5] = _mm512_fmadd_ps(c4, d[1], _mm512_fmadd_ps(m5, d[3], d[5]));
+}
+
+/* o = A^T m: 4 vectors from 6 */
+static inline __attribute__((always_inline)) void at6(const __m512 m[6], __m512 o[4])
+{
+    const __m512 a = _mm512_add_ps(m[1], m[2]), b = _mm512_sub_ps(m[1], m[2]);
+    const __m512 c = _mm512_add_ps(m[3], m[4]), d = _mm512_sub_ps(m[3], m[4]);
+    o[0] = _mm512_add_ps(_mm512_add_ps(m[0], a), c);
+    o[1] = _mm512_fmadd_ps(_mm512_set1_ps(2.0f), d, b);
+    o[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), c, a);
+    o[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, b), m[5]);
+}
+
+/* V_xi[t] = (B^T d B)[xi] for the tile whose 6x6 block starts at d (in a transposed
+ * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], points n * c_in
+ * floats apart */
+static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, float *v)
+{
+    for (int64_t cb = 0; cb < c_in; cb += 16) {
+        __m512 e[6][6];
+        for (int a = 0; a < 6; a++) {
+            __m512 row[6];
+            for (int b = 0; b < 6; b++) row[b] = _mm512_loadu_ps(d + (a * wp + b) * c_in + cb);
+            bt6(row, e[a]);
+        }
+        for (int j = 0; j < 6; j++) {
+            __m512 col[6], out[6];
+            for (int a = 0; a < 6; a++) col[a] = e[a][j];
+            bt6(col, out);
+            for (int i = 0; i < 6; i++) _mm512_storeu_ps(v + (i * 6 + j) * n * c_in + cb, out[i]);
+        }
+    }
+}
+
+/* m[j][16c ..] = sum over ci of v[j][ci] * u[ci][16c ..] for TB tiles j and CB vectors of
+ * output channels: TB x CB accumulators (v rows c_in apart, u and m rows c_out apart) */
+static inline __attribute__((always_inline)) void
+gemm_block(const int CB, const int TB, int64_t c_in, int64_t c_out, const float *v,
+           const float *u, float *m)
+{
+    __m512 acc[24], w[4]; /* TB * CB <= 24, CB <= 4 */
+#pragma GCC unroll 24
+    for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_setzero_ps();
+    for (int64_t ci = 0; ci < c_in; ci++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++) w[c] = _mm512_loadu_ps(u + ci * c_out + 16 * c);
+#pragma GCC unroll 24
+        for (int j = 0; j < TB; j++) {
+            const __m512 b = _mm512_set1_ps(v[j * c_in + ci]);
+#pragma GCC unroll 4
+            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(b, w[c], acc[j * CB + c]);
+        }
+    }
+#pragma GCC unroll 24
+    for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(m + j * c_out + 16 * c, acc[j * CB + c]);
+}
+
+/* M_xi = V_xi @ U_xi for n tiles, in blocks of 24 / CB tiles, the rest in blocks of 16,
+ * 8, 4, 2 and 1 */
+static inline __attribute__((always_inline)) void
+products_cb(const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *u,
+            float *m)
+{
+    const int TBM = 24 / CB;
+    for (int64_t xi = 0; xi < XI; xi++) {
+        const float *vx = v + xi * n * c_in, *ux = u + xi * c_in * c_out;
+        float *mx = m + xi * n * c_out;
+        for (int64_t co = 0; co < c_out; co += 16 * CB) {
+            int64_t t = 0;
+            for (; t + TBM <= n; t += TBM)
+                gemm_block(CB, TBM, c_in, c_out, vx + t * c_in, ux + co, mx + t * c_out + co);
+#define TAIL(TB)                                                                            \
+    if (TB < TBM && n - t >= TB) {                                                          \
+        gemm_block(CB, TB < TBM ? TB : 1, c_in, c_out, vx + t * c_in, ux + co,              \
+                   mx + t * c_out + co);                                                    \
+        t += TB;                                                                            \
+    }
+            TAIL(16) TAIL(8) TAIL(4) TAIL(2) TAIL(1)
+#undef TAIL
+        }
+    }
+}
+
+static void products(int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *u,
+                     float *m)
+{
+    if (c_out % 64 == 0)
+        products_cb(4, n, c_in, c_out, v, u, m);
+    else if (c_out % 32 == 0)
+        products_cb(2, n, c_in, c_out, v, u, m);
+    else
+        products_cb(1, n, c_in, c_out, v, u, m);
+}
+
+/* The outputs of one tile from m = M_0[t] (points n * c_out floats apart): Y = A^T M A,
+ * then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums + c_out, of the
+ * nr x nc outputs inside the image), written to y (the tile's top-left output of channel 0,
+ * planes P floats apart, rows wo apart), or added to it (accumulate: no epilogue then) */
+static void output_tile(int64_t c_out, int64_t n, const float *m, const float *bias, int relu,
+                        double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P,
+                        int64_t wo, float *y)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    const __m128i cols = _mm_cmpgt_epi32(_mm_set1_epi32((int)nc), _mm_setr_epi32(0, 1, 2, 3));
+    for (int64_t co = 0; co < c_out; co += 16) {
+        __m512 f[4][6], o[16];
+        for (int j = 0; j < 6; j++) {
+            __m512 col[6], r4[4];
+            for (int i = 0; i < 6; i++) col[i] = _mm512_loadu_ps(m + (i * 6 + j) * n * c_out + co);
+            at6(col, r4);
+            for (int r = 0; r < 4; r++) f[r][j] = r4[r];
+        }
+        for (int r = 0; r < 4; r++) at6(f[r], o + 4 * r); /* o[4r + c]: output (r, c) */
+        if (bias) {
+            const __m512 b = _mm512_loadu_ps(bias + co);
+            for (int p = 0; p < 16; p++) o[p] = _mm512_add_ps(o[p], b);
+        }
+        if (relu)
+            for (int p = 0; p < 16; p++) o[p] = _mm512_max_ps(o[p], zero);
+        if (sums) {
+            __m512 s = zero, q = zero;
+            for (int p = 0; p < 16; p++)
+                if (p / 4 < nr && p % 4 < nc) {
+                    s = _mm512_add_ps(s, o[p]);
+                    q = _mm512_fmadd_ps(o[p], o[p], q);
+                }
+            double *ds = sums + co, *dq = sums + c_out + co;
+            const __m512 sq[2] = {s, q};
+            double *dst[2] = {ds, dq};
+            for (int k = 0; k < 2; k++) {
+                const __m256 lo = _mm512_castps512_ps256(sq[k]);
+                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[k]), 1));
+                _mm512_storeu_pd(dst[k], _mm512_add_pd(_mm512_loadu_pd(dst[k]), _mm512_cvtps_pd(lo)));
+                _mm512_storeu_pd(dst[k] + 8,
+                                 _mm512_add_pd(_mm512_loadu_pd(dst[k] + 8), _mm512_cvtps_pd(hi)));
+            }
+        }
+        transpose16(o); /* o[k]: channel co + k, its 16 outputs row by row */
+        for (int k = 0; k < 16; k++) {
+            const __m128 rows[4] = {_mm512_castps512_ps128(o[k]), _mm512_extractf32x4_ps(o[k], 1),
+                                    _mm512_extractf32x4_ps(o[k], 2), _mm512_extractf32x4_ps(o[k], 3)};
+            float *yk = y + (co + k) * P;
+            for (int r = 0; r < nr; r++) {
+                __m128 z = rows[r];
+                if (nc == 4) {
+                    if (accumulate) z = _mm_add_ps(z, _mm_loadu_ps(yk + r * wo));
+                    _mm_storeu_ps(yk + r * wo, z);
+                } else {
+                    if (accumulate) z = _mm_add_ps(z, _mm_maskload_ps(yk + r * wo, cols));
+                    _mm_maskstore_ps(yk + r * wo, cols, z);
+                }
+            }
+        }
+    }
+}
+
+void mdl_winograd4_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
+                          int64_t images, const float *x, const mdl_affine *in,
+                          const float *bias, int relu, double *sums, int accumulate, float *y,
+                          float *buf)
+{
+    const w4_geom g = geom(s, ho, wo);
+    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
+    const int64_t xt_image = g.hp * g.wp * c_in;
+    float *xt = buf, *v = xt + FL(g.group * xt_image), *m = v + FL(XI * g.chunk * c_in);
+    for (int64_t b = 0; b < images; b++)
+        transpose_image(s, &g, x + b * c_in * s->h * s->w, in, xt + b * xt_image);
+    if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
+    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
+    for (int64_t k = 0; k < chunks; k++) {
+        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
+            input_tile(c_in, g.wp, xt + b * xt_image + (4 * ty * g.wp + 4 * tx) * c_in, n,
+                       v + t * c_in);
+        }
+        products(n, c_in, c_out, v, u, m);
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
+            const int64_t nr = ho - 4 * ty < 4 ? ho - 4 * ty : 4, nc = wo - 4 * tx < 4 ? wo - 4 * tx : 4;
+            output_tile(c_out, n, m + t * c_out, bias, relu, sums ? sums + b * 2 * c_out : NULL,
+                        accumulate, nr, nc, P, wo, y + b * c_out * P + 4 * ty * wo + 4 * tx);
+        }
+    }
+}
+#endif
