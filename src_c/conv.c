@@ -48,10 +48,10 @@
  * cost more than the multiplications it saves; F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
-/* MDL_CONV_AUTO: F(4x4, 3x3) up to c_in * c_out = 128 * 128: beyond, its transformed
+/* MDL_CONV_AUTO: winograd_avx512.c up to c_in * c_out = 128 * 128: beyond, its transformed
  * weights (36 c_in c_out floats, 2.25 MiB here) no longer stay in the cache, and 512
  * channels at 4x4 ran at 0.2-0.5x of the GEMM (bench/NOTES.md) */
-#define WINOGRAD4_MAX_CC (128 * 128)
+#define WINOGRAD_AVX512_MAX_CC (128 * 128)
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -86,7 +86,7 @@ static size_t winograd_fixed(const mdl_conv2d_shape *s)
     size_t f = 0;
 #if MDL_X86
     if (mdl_winograd_applies(s)) f = mdl_winograd_fixed_floats(s);
-    if (mdl_winograd4_applies(s)) f = max_size(f, mdl_winograd4_fixed_floats(s));
+    if (mdl_winograd_avx512_applies(s)) f = max_size(f, mdl_winograd_avx512_fixed_floats(s));
 #endif
     (void)s;
     return f;
@@ -97,7 +97,7 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
     size_t f = 0;
 #if MDL_X86
     if (mdl_winograd_applies(s)) f = mdl_winograd_thread_floats(s, ho, wo);
-    if (mdl_winograd4_applies(s)) f = max_size(f, mdl_winograd4_thread_floats(s, ho, wo));
+    if (mdl_winograd_avx512_applies(s)) f = max_size(f, mdl_winograd_avx512_thread_floats(s, ho, wo));
 #endif
     (void)s, (void)ho, (void)wo;
     return f;
@@ -159,21 +159,22 @@ static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
 }
 
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
- * vectors, or F(4x4, 3x3) with channels in AVX-512 vectors (taken before F(2x2) where
- * the CPU and the shape allow it) */
-enum { GEMM = 0, WINO2, WINO4 };
+ * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512
+ * vectors (winograd_avx512.c; taken before the other where the CPU and the shape allow
+ * it) */
+enum { GEMM = 0, WINO_TILES, WINO_CHANNELS };
 static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
 {
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
-    if (mdl_use_avx512() && mdl_winograd4_applies(s) &&
-        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD4_MAX_CC))
-        return WINO4;
+    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) &&
+        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_AVX512_MAX_CC))
+        return WINO_CHANNELS;
     return mdl_winograd_applies(s) &&
                    (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&
                                                s->c_out >= WINOGRAD_MIN_C && wo >= WINOGRAD_MIN_WO))
-               ? WINO2
+               ? WINO_TILES
                : GEMM;
 #else
     (void)s, (void)wo;
@@ -506,8 +507,8 @@ static const float *input_image(const mdl_conv2d_shape *s, const float *x, int64
 static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino, const float *w,
                          float *pa)
 {
-    if (wino == WINO4)
-        mdl_winograd4_weights(s, w, pa);
+    if (wino == WINO_CHANNELS)
+        mdl_winograd_avx512_weights(s, w, pa);
     else if (wino)
         mdl_winograd_weights(s, w, pa);
     else if (rows_in_place(s, g->ho, g->wo) && mdl_use_avx512())
@@ -543,18 +544,18 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
-    const int64_t group = wino == WINO4 ? mdl_winograd4_group(s, g->ho, g->wo) : 1;
+    const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo) : 1;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
         float *end = col + g->per_thread / sizeof(float);
         const int64_t b1 = s->n * (t + 1) / nt;
-        for (int64_t b = s->n * t / nt; b < b1 && wino == WINO4; b += group)
-            mdl_winograd4_images(s, g->ho, g->wo, pa, b1 - b < group ? b1 - b : group,
+        for (int64_t b = s->n * t / nt; b < b1 && wino == WINO_CHANNELS; b += group)
+            mdl_winograd_avx512_images(s, g->ho, g->wo, pa, b1 - b < group ? b1 - b : group,
                                  x + b * s->c_in * s->h * s->w, in, bias, relu,
                                  sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
                                  y + b * c_out * P, col);
-        for (int64_t b = s->n * t / nt; b < b1 && wino != WINO4; b++) {
+        for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS; b++) {
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
@@ -808,7 +809,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
         int wino = use_winograd(&t, s->w);
-        if (accumulate && wino == WINO2) wino = GEMM; /* F(2x2) overwrites */
+        if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
         per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, beta, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));

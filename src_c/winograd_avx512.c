@@ -1,26 +1,29 @@
-/* winograd_avx512.c -- 3x3 convolutions with stride 1 by Winograd's minimal filtering
- * F(4x4, 3x3), 16 channels to a vector (compiled with -mavx512f).
+/* winograd_avx512.c -- 3x3 and 5x5 convolutions with stride 1 by Winograd's minimal
+ * filtering F(4x4, 3x3) and F(2x2, 5x5), 16 channels to a vector (compiled with
+ * -mavx512f).
  *
- * Each 4x4 block of outputs ("tile") comes from the 6x6 block d of the padded input
- * that starts at its top-left corner:
+ * Each m x m block of outputs ("tile"; m = 4 for r = 3, 2 for r = 5) comes from the
+ * 6x6 block d of the padded input that starts at its top-left corner:
  *     Y = A^T [ (G g G^T) (.) (B^T d B) ] A,
- * 36 multiplications per channel pair instead of 144.  Summed over the input
- * channels, (.) becomes 36 independent products, one per transform point xi:
+ * 36 multiplications per channel pair instead of 144 (r = 3) or 100 (r = 5).
+ * Summed over the input channels, (.) becomes 36 independent products, one per
+ * transform point xi:
  *     M_xi (tiles, c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out).
- * The points are 0, 1, -1, 2, -2 and infinity (Lavin and Gray's matrices).
+ * Both use the points 0, 1, -1, 2, -2 and infinity, so they share B (Lavin and
+ * Gray's matrices for F(4x4, 3x3)); G and A follow from r and m.
  *
- * F(2x2, 3x3) in winograd_avx2.c puts tiles in the vectors; its transforms, which
- * gather every other column of the image, cost more than they save below 64
- * channels.  Here the vectors hold channels, so every transform is plain vector
- * arithmetic on whole registers:
+ * winograd_avx2.c puts tiles in the vectors; its transforms, which gather every
+ * other column of the image, cost more than they save below 64 channels.  Here the
+ * vectors hold channels, so every transform is plain vector arithmetic on whole
+ * registers:
  *   1. the images are transposed to (rows, columns, c_in), zero-padded, the input
  *      map (a BatchNorm's normalisation and ReLU) applied on the way;
  *   2. per chunk of tiles (V and M sized to stay in L2): V = B^T d B per tile and
  *      block of 16 input channels; the 36 products, register-blocked as 24
  *      vectors of M (tiles x output channels); Y = A^T M A per tile and block of
  *      16 output channels, then bias, ReLU and the channel sums with the channels
- *      in the lanes, and a 16 x 16 transpose back to NCHW rows of 4.
- * Small images go several to a call (mdl_winograd4_group) so that the products
+ *      in the lanes, and back to NCHW rows (a 16 x 16 transpose for F(4x4)).
+ * Small images go several to a call (mdl_winograd_avx512_group) so that the products
  * have tiles enough to fill their blocks. */
 #include "common.h"
 #if MDL_X86
@@ -33,8 +36,9 @@
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
 
 typedef struct w4_geom {
+    int64_t m;          /* outputs per tile side: 4 (3x3) or 2 (5x5) */
     int64_t th, tw, T;  /* tile rows and columns of an image, tiles per image */
-    int64_t hp, wp;     /* rows and columns of a transposed image: 4 th + 2, 4 tw + 2 */
+    int64_t hp, wp;     /* rows and columns of a transposed image: m th + r - 1, m tw + r - 1 */
     int64_t group;      /* images per call */
     int64_t chunk;      /* tiles per chunk at most */
 } w4_geom;
@@ -42,11 +46,12 @@ typedef struct w4_geom {
 static w4_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     w4_geom g;
-    g.th = (ho + 3) / 4;
-    g.tw = (wo + 3) / 4;
+    g.m = s->kh == 3 ? 4 : 2;
+    g.th = (ho + g.m - 1) / g.m;
+    g.tw = (wo + g.m - 1) / g.m;
     g.T = g.th * g.tw;
-    g.hp = 4 * g.th + 2;
-    g.wp = 4 * g.tw + 2;
+    g.hp = g.m * g.th + s->kh - 1;
+    g.wp = g.m * g.tw + s->kw - 1;
     const int64_t c = CHUNK_BYTES / (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
     g.chunk = c < 1 ? 1 : c;
     g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
@@ -55,51 +60,64 @@ static w4_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
     return g;
 }
 
-int mdl_winograd4_applies(const mdl_conv2d_shape *s)
+int mdl_winograd_avx512_applies(const mdl_conv2d_shape *s)
 {
-    return s->kh == 3 && s->kw == 3 && s->stride_h == 1 && s->stride_w == 1 && s->pad_h <= 2 &&
-           s->pad_w <= 2 && s->c_in % 16 == 0 && s->c_out % 16 == 0;
+    return (s->kh == 3 || s->kh == 5) && s->kw == s->kh && s->stride_h == 1 &&
+           s->stride_w == 1 && s->pad_h < s->kh && s->pad_w < s->kw && s->c_in % 16 == 0 &&
+           s->c_out % 16 == 0;
 }
 
-size_t mdl_winograd4_fixed_floats(const mdl_conv2d_shape *s)
+size_t mdl_winograd_avx512_fixed_floats(const mdl_conv2d_shape *s)
 {
     return FL(XI * s->c_in * s->c_out);
 }
 
-int64_t mdl_winograd4_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     return geom(s, ho, wo).group;
 }
 
-size_t mdl_winograd4_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     const w4_geom g = geom(s, ho, wo);
     return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
            FL(XI * g.chunk * s->c_out);
 }
 
-static const double G[6][3] = {{1.0 / 4, 0, 0},
-                               {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                               {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                               {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                               {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                               {0, 0, 1}};
+/* G for r = 3 (the first 3 columns) and r = 5 */
+static const double G3[6][5] = {{1.0 / 4, 0, 0},
+                                {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                {0, 0, 1}};
+static const double G5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
+                                {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
+                                {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
+                                {0, 0, 0, 0, 1}};
 
 /* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci] (in double, rounded once) */
-void mdl_winograd4_weights(const mdl_conv2d_shape *s, const float *w, float *u)
+void mdl_winograd_avx512_weights(const mdl_conv2d_shape *s, const float *w, float *u)
 {
-    const int64_t c_in = s->c_in, c_out = s->c_out;
+    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh;
+    const double (*G)[5] = r == 3 ? G3 : G5;
     for (int64_t co = 0; co < c_out; co++)
         for (int64_t ci = 0; ci < c_in; ci++) {
-            const float *g = w + (co * c_in + ci) * 9;
-            double t[6][3]; /* G g */
+            const float *g = w + (co * c_in + ci) * r * r;
+            double t[6][5]; /* G g */
             for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 3; j++)
-                    t[i][j] = G[i][0] * g[j] + G[i][1] * g[3 + j] + G[i][2] * g[6 + j];
+                for (int j = 0; j < r; j++) {
+                    t[i][j] = 0.0;
+                    for (int k = 0; k < r; k++) t[i][j] += G[i][k] * g[k * r + j];
+                }
             for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 6; j++)
-                    u[((i * 6 + j) * c_in + ci) * c_out + co] =
-                        (float)(t[i][0] * G[j][0] + t[i][1] * G[j][1] + t[i][2] * G[j][2]);
+                for (int j = 0; j < 6; j++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < r; k++) acc += t[i][k] * G[j][k];
+                    u[((i * 6 + j) * c_in + ci) * c_out + co] = (float)acc;
+                }
         }
 }
 
@@ -182,13 +200,18 @@ static inline __attribute__((always_inline)) void bt6(const __m512 d[6], __m512 
     t[5] = _mm512_fmadd_ps(c4, d[1], _mm512_fmadd_ps(m5, d[3], d[5]));
 }
 
-/* o = A^T m: 4 vectors from 6 */
-static inline __attribute__((always_inline)) void at6(const __m512 m[6], __m512 o[4])
+/* o = A^T m: MO vectors (4 for F(4x4, 3x3), 2 for F(2x2, 5x5)) from 6 */
+static inline __attribute__((always_inline)) void at6(const int MO, const __m512 m[6], __m512 *o)
 {
     const __m512 a = _mm512_add_ps(m[1], m[2]), b = _mm512_sub_ps(m[1], m[2]);
     const __m512 c = _mm512_add_ps(m[3], m[4]), d = _mm512_sub_ps(m[3], m[4]);
+    const __m512 two = _mm512_set1_ps(2.0f);
     o[0] = _mm512_add_ps(_mm512_add_ps(m[0], a), c);
-    o[1] = _mm512_fmadd_ps(_mm512_set1_ps(2.0f), d, b);
+    if (MO == 2) {
+        o[1] = _mm512_add_ps(_mm512_fmadd_ps(two, d, b), m[5]);
+        return;
+    }
+    o[1] = _mm512_fmadd_ps(two, d, b);
     o[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), c, a);
     o[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, b), m[5]);
 }
@@ -278,35 +301,36 @@ static void products(int64_t n, int64_t c_in, int64_t c_out, const float *v, con
         products_cb(1, n, c_in, c_out, v, u, m);
 }
 
-/* The outputs of one tile from m = M_0[t] (points n * c_out floats apart): Y = A^T M A,
- * then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums + c_out, of the
- * nr x nc outputs inside the image), written to y (the tile's top-left output of channel 0,
- * planes P floats apart, rows wo apart), or added to it (accumulate: no epilogue then) */
-static void output_tile(int64_t c_out, int64_t n, const float *m, const float *bias, int relu,
-                        double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P,
-                        int64_t wo, float *y)
+/* The MO x MO outputs of one tile from m = M_0[t] (points n * c_out floats apart):
+ * Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums +
+ * c_out, of the nr x nc outputs inside the image), written to y (the tile's top-left
+ * output of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate:
+ * no epilogue then) */
+static inline __attribute__((always_inline)) void
+output_tile(const int MO, int64_t c_out, int64_t n, const float *m, const float *bias, int relu,
+            double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P, int64_t wo, float *y)
 {
     const __m512 zero = _mm512_setzero_ps();
-    const __m128i cols = _mm_cmpgt_epi32(_mm_set1_epi32((int)nc), _mm_setr_epi32(0, 1, 2, 3));
+    const int np = MO * MO;
     for (int64_t co = 0; co < c_out; co += 16) {
         __m512 f[4][6], o[16];
         for (int j = 0; j < 6; j++) {
-            __m512 col[6], r4[4];
+            __m512 col[6], rm[4];
             for (int i = 0; i < 6; i++) col[i] = _mm512_loadu_ps(m + (i * 6 + j) * n * c_out + co);
-            at6(col, r4);
-            for (int r = 0; r < 4; r++) f[r][j] = r4[r];
+            at6(MO, col, rm);
+            for (int r = 0; r < MO; r++) f[r][j] = rm[r];
         }
-        for (int r = 0; r < 4; r++) at6(f[r], o + 4 * r); /* o[4r + c]: output (r, c) */
+        for (int r = 0; r < MO; r++) at6(MO, f[r], o + MO * r); /* o[MO r + c]: output (r, c) */
         if (bias) {
             const __m512 b = _mm512_loadu_ps(bias + co);
-            for (int p = 0; p < 16; p++) o[p] = _mm512_add_ps(o[p], b);
+            for (int p = 0; p < np; p++) o[p] = _mm512_add_ps(o[p], b);
         }
         if (relu)
-            for (int p = 0; p < 16; p++) o[p] = _mm512_max_ps(o[p], zero);
+            for (int p = 0; p < np; p++) o[p] = _mm512_max_ps(o[p], zero);
         if (sums) {
             __m512 s = zero, q = zero;
-            for (int p = 0; p < 16; p++)
-                if (p / 4 < nr && p % 4 < nc) {
+            for (int p = 0; p < np; p++)
+                if (p / MO < nr && p % MO < nc) {
                     s = _mm512_add_ps(s, o[p]);
                     q = _mm512_fmadd_ps(o[p], o[p], q);
                 }
@@ -321,6 +345,18 @@ static void output_tile(int64_t c_out, int64_t n, const float *m, const float *b
                                  _mm512_add_pd(_mm512_loadu_pd(dst[k] + 8), _mm512_cvtps_pd(hi)));
             }
         }
+        if (MO == 2) { /* 4 outputs per channel: through memory */
+            float t[4][16] __attribute__((aligned(64)));
+            for (int p = 0; p < 4; p++) _mm512_store_ps(t[p], o[p]);
+            for (int k = 0; k < 16; k++)
+                for (int r = 0; r < nr; r++)
+                    for (int c = 0; c < nc; c++) {
+                        float *d = y + (co + k) * P + r * wo + c;
+                        *d = accumulate ? *d + t[2 * r + c][k] : t[2 * r + c][k];
+                    }
+            continue;
+        }
+        const __m128i cols = _mm_cmpgt_epi32(_mm_set1_epi32((int)nc), _mm_setr_epi32(0, 1, 2, 3));
         transpose16(o); /* o[k]: channel co + k, its 16 outputs row by row */
         for (int k = 0; k < 16; k++) {
             const __m128 rows[4] = {_mm512_castps512_ps128(o[k]), _mm512_extractf32x4_ps(o[k], 1),
@@ -340,7 +376,7 @@ static void output_tile(int64_t c_out, int64_t n, const float *m, const float *b
     }
 }
 
-void mdl_winograd4_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
+void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
                           int64_t images, const float *x, const mdl_affine *in,
                           const float *bias, int relu, double *sums, int accumulate, float *y,
                           float *buf)
@@ -357,15 +393,19 @@ void mdl_winograd4_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
         const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
         for (int64_t t = 0; t < n; t++) {
             const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            input_tile(c_in, g.wp, xt + b * xt_image + (4 * ty * g.wp + 4 * tx) * c_in, n,
+            input_tile(c_in, g.wp, xt + b * xt_image + (ty * g.wp + tx) * g.m * c_in, n,
                        v + t * c_in);
         }
         products(n, c_in, c_out, v, u, m);
         for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            const int64_t nr = ho - 4 * ty < 4 ? ho - 4 * ty : 4, nc = wo - 4 * tx < 4 ? wo - 4 * tx : 4;
-            output_tile(c_out, n, m + t * c_out, bias, relu, sums ? sums + b * 2 * c_out : NULL,
-                        accumulate, nr, nc, P, wo, y + b * c_out * P + 4 * ty * wo + 4 * tx);
+            const int64_t q = q0 + t, b = q / g.T, oh = q % g.T / g.tw * g.m, ow = q % g.tw * g.m;
+            const int64_t nr = ho - oh < g.m ? ho - oh : g.m, nc = wo - ow < g.m ? wo - ow : g.m;
+            float *yt = y + b * c_out * P + oh * wo + ow;
+            double *st = sums ? sums + b * 2 * c_out : NULL;
+            if (g.m == 4)
+                output_tile(4, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
+            else
+                output_tile(2, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
         }
     }
 }

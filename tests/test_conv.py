@@ -123,6 +123,8 @@ WINOGRAD = [
     (1, 9, 40, 6, 33, 3, 3, 1, (2, 1)),
     (1, 2, 1, 1, 3, 3, 3, 1, 1),              # a single pixel
     (2, 32, 16, 16, 32, 5, 5, 1, 2),          # F(2x2, 5x5): cifar10_quick's conv2
+    (3, 32, 8, 8, 64, 5, 5, 1, 2),            # its conv3: images grouped
+    (2, 16, 7, 9, 48, 5, 5, 1, (4, 1)),       # F(2x2, 5x5) by AVX-512: partial tiles
     (2, 7, 9, 11, 5, 5, 5, 1, (4, 1)),        # odd outputs, padding up to 4
     (1, 3, 5, 6, 2, 5, 5, 1, 0),              # no padding: one output row, a partial tile
 ]
