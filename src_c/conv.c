@@ -271,6 +271,11 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                         : FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
                               FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
                               FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + img);
+#if MDL_X86
+    /* or Winograd's partial dU and buffers */
+    if (mdl_winograd_avx512_applies(s))
+        per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
+#endif
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
@@ -600,12 +605,45 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #endif
 }
 
+#if MDL_X86
+/* dw by Winograd (winograd_avx512.c): each thread adds its share of the images into its
+ * own partial dU (doubles, per_thread bytes apart), then each sets a share of dw's
+ * channel pairs from the partials' sum in thread order */
+static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                             const mdl_affine *in, const float *dy, float *dw, int accumulate,
+                             float *ws, size_t stride, int nt)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, pairs = c_in * c_out;
+    const int64_t group = mdl_winograd_avx512_group(s, g->ho, g->wo);
+#pragma omp parallel num_threads(nt)
+    {
+        int t = 0, T = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        T = omp_get_num_threads();
+#endif
+        double *du = (double *)(ws + t * stride);
+        memset(du, 0, (size_t)(36 * pairs) * sizeof(double));
+        const int64_t b1 = s->n * (t + 1) / T;
+        for (int64_t b = s->n * t / T; b < b1; b += group)
+            mdl_winograd_avx512_grad_images(s, g->ho, g->wo, b1 - b < group ? b1 - b : group,
+                                            x + b * c_in * s->h * s->w, in,
+                                            dy + b * c_out * g->P, du,
+                                            (float *)du + FLOATS(72 * pairs));
+#pragma omp barrier
+        mdl_winograd_avx512_grad_finish(s, (const double *)ws, T, stride / 2, pairs * t / T,
+                                        pairs * (t + 1) / T, dw, accumulate);
+    }
+}
+#endif
+
 /* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T: each
  * thread sums its share of the images into its own partial dw, then the partials
  * are added to dw in thread order.  Rows a multiple of 8 wide (not a 1x1 kernel): dot
  * products over the phase planes of a few images at a time
  * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
- * column matrix read transposed as B. */
+ * column matrix read transposed as B.  Or by Winograd, where the forward uses
+ * winograd_avx512.c. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                               const mdl_affine *in, const float *dy, float *dw, int accumulate,
                               float *ws, size_t avail, int nt)
@@ -621,6 +659,10 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t stride = g->per_thread / sizeof(float);
     const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
     const int64_t wp = phases_of(s).cols;
+    if (use_winograd(s, g->wo) == WINO_CHANNELS) {
+        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt);
+        return;
+    }
 #pragma omp parallel num_threads(nt)
     {
         int t = 0, T = 1;

@@ -88,6 +88,19 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
                           int64_t images, const float *x, const mdl_affine *in,
                           const float *bias, int relu, double *sums, int accumulate, float *y,
                           float *buf);
+/* Their weight gradient: each thread adds, per call of up to `group` images, the
+ * transformed gradient dU (36, c_in, c_out), in double, of `images` images x (read
+ * through in) and dy (c_out, ho, wo) to its part `du` (zeroed by the caller), with
+ * grad_thread_floats of scratch (du included, first); grad_finish sets or adds to dw
+ * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart) for the
+ * channel pairs co * c_in + ci in [lo, hi). */
+size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
+void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
+                                     int64_t images, const float *x, const mdl_affine *in,
+                                     const float *dy, double *du, float *buf);
+void mdl_winograd_avx512_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
+                                     size_t part_stride, int64_t lo, int64_t hi, float *dw,
+                                     int accumulate);
 #else /* mdl_use_avx2() is never true off x86; this name only keeps the dispatch compiling */
 #  define mdl_conv_sum_avx2 mdl_conv_sum_scalar
 #endif

@@ -24,7 +24,7 @@
  *      16 output channels, then bias, ReLU and the channel sums with the channels
  *      in the lanes, and back to NCHW rows (a 16 x 16 transpose for F(4x4)).
  * Small images go several to a call (mdl_winograd_avx512_group) so that the products
- * have tiles enough to fill their blocks. */
+ * have tiles enough to fill their blocks  The weight gradient is the adjoint of the same steps (below). */
 #include "common.h"
 #if MDL_X86
 #include <string.h>
@@ -148,21 +148,23 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-/* xt (hp, wp, c_in) = the image x (c_in, h, w) read through the map `in`, zero-padded */
-static void transpose_image(const mdl_conv2d_shape *s, const w4_geom *g, const float *x,
-                            const mdl_affine *in, float *xt)
+/* xt (rows, cols, c_in) = the image x (c_in, h, w) read through the map `in` (NULL: as
+ * it is), shifted by (ph, pw) and zero around */
+static void transpose_image(int64_t c_in, int64_t h, int64_t w, int64_t ph, int64_t pw,
+                            int64_t rows, int64_t cols, const float *x, const mdl_affine *in,
+                            float *xt)
 {
-    const int64_t c_in = s->c_in, h = s->h, w = s->w, pw = s->pad_w, row = g->wp * c_in;
+    const int64_t row = cols * c_in;
     const __m512 zero = _mm512_setzero_ps();
-    for (int64_t r = 0; r < g->hp; r++) {
+    for (int64_t r = 0; r < rows; r++) {
         float *dst = xt + r * row;
-        const int64_t ih = r - s->pad_h;
+        const int64_t ih = r - ph;
         if (ih < 0 || ih >= h) {
             memset(dst, 0, (size_t)row * sizeof(float));
             continue;
         }
         memset(dst, 0, (size_t)(pw * c_in) * sizeof(float));
-        memset(dst + (pw + w) * c_in, 0, (size_t)((g->wp - pw - w) * c_in) * sizeof(float));
+        memset(dst + (pw + w) * c_in, 0, (size_t)((cols - pw - w) * c_in) * sizeof(float));
         for (int64_t c0 = 0; c0 < w; c0 += 16) {
             const int64_t nc = w - c0 < 16 ? w - c0 : 16;
             const __mmask16 k = (__mmask16)((1u << nc) - 1);
@@ -386,7 +388,8 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
     const int64_t xt_image = g.hp * g.wp * c_in;
     float *xt = buf, *v = xt + FL(g.group * xt_image), *m = v + FL(XI * g.chunk * c_in);
     for (int64_t b = 0; b < images; b++)
-        transpose_image(s, &g, x + b * c_in * s->h * s->w, in, xt + b * xt_image);
+        transpose_image(c_in, s->h, s->w, s->pad_h, s->pad_w, g.hp, g.wp,
+                        x + b * c_in * s->h * s->w, in, xt + b * xt_image);
     if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
     const int64_t chunks = (total + g.chunk - 1) / g.chunk;
     for (int64_t k = 0; k < chunks; k++) {
@@ -407,6 +410,190 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
             else
                 output_tile(2, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
         }
+    }
+}
+
+/* ---- the weight gradient ----------------------------------------------------------- */
+/* The adjoint of the forward: with dM = A dY A^T per tile (dY its m x m block of dy, zero
+ * outside the output), dU_xi (c_in, c_out) = sum over tiles of V_xi^T dM_xi, and dw =
+ * G^T dU G per channel pair.  Per chunk of tiles: V as in the forward, dM from dy
+ * transposed to (rows, columns, c_out), and the products with the tiles as the reduction,
+ * register-blocked as 24 vectors of dU (input channels x output channels) over the
+ * chunk's tiles, then added to the thread's partial dU in double (a float one lost up to
+ * 2e-5 of the largest dw over a batch of 100 on one thread). */
+
+size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    const w4_geom g = geom(s, ho, wo);
+    return FL(2 * XI * s->c_in * s->c_out) + mdl_winograd_avx512_thread_floats(s, ho, wo) +
+           FL(g.group * g.m * g.th * g.m * g.tw * s->c_out);
+}
+
+/* t = A e for MO vectors e (A = (A^T)^T: 6 x MO) */
+static inline __attribute__((always_inline)) void a6(const int MO, const __m512 *e, __m512 t[6])
+{
+    t[0] = e[0];
+    if (MO == 2) {
+        const __m512 two = _mm512_set1_ps(2.0f);
+        t[1] = _mm512_add_ps(e[0], e[1]);
+        t[2] = _mm512_sub_ps(e[0], e[1]);
+        t[3] = _mm512_fmadd_ps(two, e[1], e[0]);
+        t[4] = _mm512_fnmadd_ps(two, e[1], e[0]);
+        t[5] = e[1];
+        return;
+    }
+    const __m512 ev = _mm512_add_ps(e[0], e[2]), od = _mm512_add_ps(e[1], e[3]);
+    const __m512 ev4 = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), e[2], e[0]);
+    const __m512 od2 = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), e[3], _mm512_add_ps(e[1], e[1]));
+    t[1] = _mm512_add_ps(ev, od);
+    t[2] = _mm512_sub_ps(ev, od);
+    t[3] = _mm512_add_ps(ev4, od2);
+    t[4] = _mm512_sub_ps(ev4, od2);
+    t[5] = e[3];
+}
+
+/* dM_xi[t] = (A dY A^T)[xi] for the tile whose m x m block of dy starts at d (a transposed
+ * dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t] */
+static inline __attribute__((always_inline)) void
+grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, int64_t n, float *dm)
+{
+    for (int64_t cb = 0; cb < c_out; cb += 16) {
+        __m512 e[4][6];
+        for (int r = 0; r < MO; r++) {
+            __m512 row[4];
+            for (int c = 0; c < MO; c++) row[c] = _mm512_loadu_ps(d + (r * cols + c) * c_out + cb);
+            a6(MO, row, e[r]);
+        }
+        for (int j = 0; j < 6; j++) {
+            __m512 col[4], out[6];
+            for (int r = 0; r < MO; r++) col[r] = e[r][j];
+            a6(MO, col, out);
+            for (int i = 0; i < 6; i++) _mm512_storeu_ps(dm + (i * 6 + j) * n * c_out + cb, out[i]);
+        }
+    }
+}
+
+/* du[j][16c ..] += sum over n tiles of v[t][j] * dm[t][16c ..] for TB input channels j and
+ * CB vectors of output channels (v rows c_in apart, dm rows and du rows c_out apart) */
+static inline __attribute__((always_inline)) void
+grad_block(const int CB, const int TB, int64_t n, int64_t c_in, int64_t c_out, const float *v,
+           const float *dm, double *du)
+{
+    __m512 acc[24], d[4];
+#pragma GCC unroll 24
+    for (int j = 0; j < TB * CB; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++) d[c] = _mm512_loadu_ps(dm + t * c_out + 16 * c);
+#pragma GCC unroll 24
+        for (int j = 0; j < TB; j++) {
+            const __m512 b = _mm512_set1_ps(v[t * c_in + j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(b, d[c], acc[j * CB + c]);
+        }
+    }
+#pragma GCC unroll 24
+    for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++) {
+            double *p = du + j * c_out + 16 * c;
+            const __m512 a = acc[j * CB + c];
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), _mm512_cvtps_pd(_mm512_castps512_ps256(a))));
+            _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), _mm512_cvtps_pd(hi)));
+        }
+}
+
+/* dU_xi += V_xi^T dM_xi for n tiles: input channels in blocks of 24 / CB, the rest in
+ * blocks of 16, 8, 4, 2 and 1 */
+static inline __attribute__((always_inline)) void
+grads_cb(const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *dm,
+         double *du)
+{
+    const int TBM = 24 / CB;
+    for (int64_t xi = 0; xi < XI; xi++) {
+        const float *vx = v + xi * n * c_in, *dx = dm + xi * n * c_out;
+        double *ux = du + xi * c_in * c_out;
+        for (int64_t co = 0; co < c_out; co += 16 * CB) {
+            int64_t ci = 0;
+            for (; ci + TBM <= c_in; ci += TBM)
+                grad_block(CB, TBM, n, c_in, c_out, vx + ci, dx + co, ux + ci * c_out + co);
+#define TAIL(TB)                                                                            \
+    if (TB < TBM && c_in - ci >= TB) {                                                      \
+        grad_block(CB, TB < TBM ? TB : 1, n, c_in, c_out, vx + ci, dx + co,                 \
+                   ux + ci * c_out + co);                                                   \
+        ci += TB;                                                                           \
+    }
+            TAIL(16) TAIL(8) TAIL(4) TAIL(2) TAIL(1)
+#undef TAIL
+        }
+    }
+}
+
+void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
+                                     int64_t images, const float *x, const mdl_affine *in,
+                                     const float *dy, double *du, float *buf)
+{
+    const w4_geom g = geom(s, ho, wo);
+    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
+    const int64_t xt_image = g.hp * g.wp * c_in, rows = g.m * g.th, cols = g.m * g.tw;
+    const int64_t dyt_image = rows * cols * c_out;
+    float *xt = buf, *v = xt + FL(g.group * xt_image), *dm = v + FL(XI * g.chunk * c_in);
+    float *dyt = dm + FL(XI * g.chunk * c_out);
+    for (int64_t b = 0; b < images; b++) {
+        transpose_image(c_in, s->h, s->w, s->pad_h, s->pad_w, g.hp, g.wp,
+                        x + b * c_in * s->h * s->w, in, xt + b * xt_image);
+        transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * P, NULL,
+                        dyt + b * dyt_image);
+    }
+    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
+    for (int64_t k = 0; k < chunks; k++) {
+        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
+            input_tile(c_in, g.wp, xt + b * xt_image + (ty * g.wp + tx) * g.m * c_in, n,
+                       v + t * c_in);
+            const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
+            if (g.m == 4)
+                grad_tile(4, c_out, cols, d, n, dm + t * c_out);
+            else
+                grad_tile(2, c_out, cols, d, n, dm + t * c_out);
+        }
+        if (c_out % 64 == 0)
+            grads_cb(4, n, c_in, c_out, v, dm, du);
+        else if (c_out % 32 == 0)
+            grads_cb(2, n, c_in, c_out, v, dm, du);
+        else
+            grads_cb(1, n, c_in, c_out, v, dm, du);
+    }
+}
+
+void mdl_winograd_avx512_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
+                                     size_t part_stride, int64_t lo, int64_t hi, float *dw,
+                                     int accumulate)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh;
+    const double (*G)[5] = r == 3 ? G3 : G5;
+    for (int64_t e = lo; e < hi; e++) { /* e = co * c_in + ci */
+        const int64_t co = e / c_in, ci = e % c_in;
+        double du[XI], t[6][5]; /* dU summed over the parts, then dU G */
+        for (int xi = 0; xi < XI; xi++) {
+            double acc = 0.0;
+            for (int p = 0; p < nparts; p++) acc += parts[p * part_stride + (xi * c_in + ci) * c_out + co];
+            du[xi] = acc;
+        }
+        for (int i = 0; i < 6; i++)
+            for (int l = 0; l < r; l++) {
+                t[i][l] = 0.0;
+                for (int j = 0; j < 6; j++) t[i][l] += du[i * 6 + j] * G[j][l];
+            }
+        float *d = dw + e * r * r;
+        for (int k = 0; k < r; k++)
+            for (int l = 0; l < r; l++) {
+                double acc = 0.0;
+                for (int i = 0; i < 6; i++) acc += G[i][k] * t[i][l];
+                d[k * r + l] = accumulate ? d[k * r + l] + (float)acc : (float)acc;
+            }
     }
 }
 #endif

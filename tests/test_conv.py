@@ -248,7 +248,9 @@ def test_nan_flows_to_the_output(simd, rng):
 
 # ---- the C binding: accumulate, overwrite, workspace ---------------------------------
 
-ACC_CASES = [(3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0)]
+ACC_CASES = [(3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
+             # Winograd by default with AVX-512 (winograd_avx512.c), its dw included
+             (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2)]
 
 
 @pytest.mark.parametrize("case", ACC_CASES, ids=ids)

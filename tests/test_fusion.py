@@ -79,7 +79,7 @@ def test_conv2d_fused_each_algorithm(simd, conv_algo, rng, case):
     y, _, _ = ops.conv2d_fused(x, wt, b, x_scale=scale, x_shift=shift, x_relu=True, relu=True,
                                **kw)
     assert_close(y, np.maximum(ref.conv2d(a, wt, b, **ref_kw(kw)), 0), "conv")
-    dy, other = f32(rng, *y.shape), f32(rng, *x.shape)  # adding dx: Winograd steps aside
+    dy, other = f32(rng, *y.shape), f32(rng, *x.shape)  # adding dx: AVX2's Winograd steps aside
     dx = ops.conv2d_backward(x, wt, dy, add_dx_to=other.copy(), **kw)[0]
     assert_close(dx, ref.conv2d_backward(x, wt, dy, **ref_kw(kw))[0] + other, "conv")
 
@@ -88,7 +88,8 @@ def test_conv2d_fused_each_algorithm(simd, conv_algo, rng, case):
                          ids=ids)
 def test_conv2d_backward_adds_dx_to_a_gradient(simd, threads, rng, case):
     """dx added in the kernel's store to an existing gradient, on every path (in
-    place, column matrix, pointwise, strided chunks, Winograd's shapes)."""
+    place, column matrix, pointwise, strided chunks, Winograd's shapes: AVX-512's adds
+    in its output transform)."""
     x, wt, b, kw = make(rng, case)
     dy = f32(rng, *ops.conv2d(x, wt, **kw).shape)
     other = f32(rng, *x.shape)
