@@ -38,6 +38,15 @@ int mdl_use_avx512(void);
 int mdl_threads_for(double work);
 int mdl_num_threads(void);
 
+/* This thread's number t and the team's size T inside a parallel region (0 and 1
+ * without OpenMP) */
+#ifdef _OPENMP
+#  include <omp.h>
+#  define MDL_THREAD_ID(t, T) ((t) = omp_get_thread_num(), (T) = omp_get_num_threads())
+#else
+#  define MDL_THREAD_ID(t, T) ((t) = 0, (T) = 1)
+#endif
+
 /* Run `body` on each thread with its contiguous share [lo, hi) of [0, count);
  * `work` (scalar operations in all) decides how many threads (mdl_threads_for). */
 #define MDL_PARALLEL_RANGES(count, work, body)                                 \

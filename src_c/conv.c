@@ -30,9 +30,6 @@
  * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#  include <omp.h>
-#endif
 #include "common.h"
 #include "conv.h"
 #include "checks.h"
@@ -617,11 +614,8 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
     const int64_t group = mdl_winograd_avx512_group(s, g->ho, g->wo);
 #pragma omp parallel num_threads(nt)
     {
-        int t = 0, T = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        T = omp_get_num_threads();
-#endif
+        int t, T;
+        MDL_THREAD_ID(t, T);
         double *du = (double *)(ws + t * stride);
         memset(du, 0, (size_t)(36 * pairs) * sizeof(double));
         const int64_t b1 = s->n * (t + 1) / T;
@@ -665,11 +659,8 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     }
 #pragma omp parallel num_threads(nt)
     {
-        int t = 0, T = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        T = omp_get_num_threads();
-#endif
+        int t, T;
+        MDL_THREAD_ID(t, T);
         /* this thread's partial dw, then the im2col + GEMM buffers or the padded
          * image and its row offsets */
         float *part = ws + t * stride, *col = part + FLOATS(c_out * K), *end = ws + (t + 1) * stride;

@@ -27,9 +27,6 @@
 #if MDL_X86
 #include <immintrin.h>
 #include <string.h>
-#ifdef _OPENMP
-#  include <omp.h>
-#endif
 #include "gemm.h"
 #include "simd_avx2.h"
 
@@ -276,11 +273,8 @@ void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
 
 #pragma omp parallel num_threads(nt)
     {
-        int T = 1, t = 0;
-#ifdef _OPENMP
-        T = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
+        int t, T;
+        MDL_THREAD_ID(t, T);
         int tm = 1, tn = 1;
         mdl_gemm_grid(T, ceil_div(bl.mb < m ? bl.mb : m, MR), ceil_div(bl.nc < n ? bl.nc : n, NR),
                     &tm, &tn);

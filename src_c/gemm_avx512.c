@@ -42,9 +42,6 @@
 #if MDL_X86
 #include <immintrin.h>
 #include <string.h>
-#ifdef _OPENMP
-#  include <omp.h>
-#endif
 #include "gemm.h"
 #include "simd_avx2.h"
 
@@ -416,11 +413,8 @@ static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
 
 #pragma omp parallel num_threads(nt)
     {
-        int T = 1, t = 0;
-#ifdef _OPENMP
-        T = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
+        int t, T;
+        MDL_THREAD_ID(t, T);
         if (!in_place) {
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < nkb * npan; i++) {
@@ -475,11 +469,8 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
 
 #pragma omp parallel num_threads(nt)
     {
-        int T = 1, t = 0;
-#ifdef _OPENMP
-        T = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
+        int t, T;
+        MDL_THREAD_ID(t, T);
         int tm = 1, tn = 1;
         mdl_gemm_grid(T, mt, ntl, &tm, &tn);
         const int ti = t / tn, tj = t % tn;

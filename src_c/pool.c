@@ -6,9 +6,6 @@
 #include "pool.h"
 #include "checks.h"
 #include "act.h"
-#ifdef _OPENMP
-#  include <omp.h>
-#endif
 
 #include <string.h>
 

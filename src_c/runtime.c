@@ -7,9 +7,6 @@
 #ifdef __linux__
 #  include <sched.h>
 #endif
-#ifdef _OPENMP
-#  include <omp.h>
-#endif
 #include "common.h"
 
 #define MDL_STR2(x) #x
