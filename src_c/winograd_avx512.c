@@ -98,25 +98,39 @@ static const double G5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
                                 {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
                                 {0, 0, 0, 0, 1}};
 
-/* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci] (in double, rounded once) */
+/* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci], 16 output channels to a
+ * vector (gathered from w) */
 void mdl_winograd_avx512_weights(const mdl_conv2d_shape *s, const float *w, float *u)
 {
-    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh;
+    const int64_t c_in = s->c_in, c_out = s->c_out;
+    const int r = (int)s->kh;
     const double (*G)[5] = r == 3 ? G3 : G5;
-    for (int64_t co = 0; co < c_out; co++)
-        for (int64_t ci = 0; ci < c_in; ci++) {
-            const float *g = w + (co * c_in + ci) * r * r;
-            double t[6][5]; /* G g */
+    float gf[6][5];
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 5; k++) gf[i][k] = (float)G[i][k];
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                               12, 13, 14, 15),
+                                             _mm512_set1_epi32((int)(c_in * r * r)));
+    const int nt = mdl_threads_for((double)c_out * c_in * 400);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t ci = 0; ci < c_in; ci++)
+        for (int64_t co = 0; co < c_out; co += 16) {
+            const float *g0 = w + (co * c_in + ci) * r * r;
+            __m512 g[25], t[6][5]; /* the filters, then G g */
+            for (int q = 0; q < r * r; q++) g[q] = _mm512_i32gather_ps(lanes, g0 + q, 4);
             for (int i = 0; i < 6; i++)
                 for (int j = 0; j < r; j++) {
-                    t[i][j] = 0.0;
-                    for (int k = 0; k < r; k++) t[i][j] += G[i][k] * g[k * r + j];
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int k = 0; k < r; k++)
+                        acc = _mm512_fmadd_ps(_mm512_set1_ps(gf[i][k]), g[k * r + j], acc);
+                    t[i][j] = acc;
                 }
             for (int i = 0; i < 6; i++)
                 for (int j = 0; j < 6; j++) {
-                    double acc = 0.0;
-                    for (int k = 0; k < r; k++) acc += t[i][k] * G[j][k];
-                    u[((i * 6 + j) * c_in + ci) * c_out + co] = (float)acc;
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int k = 0; k < r; k++)
+                        acc = _mm512_fmadd_ps(t[i][k], _mm512_set1_ps(gf[j][k]), acc);
+                    _mm512_storeu_ps(u + ((i * 6 + j) * c_in + ci) * c_out + co, acc);
                 }
         }
 }
