@@ -76,14 +76,20 @@ mdl_conv_algo mdl_get_conv_algo(void)
     return (mdl_conv_algo)a;
 }
 
-/* Winograd's scratch for shape s, for either version that applies (0 where none does),
- * and whether to use it */
+/* Winograd's scratch for shape s, for either version that applies on this CPU (0 where
+ * none does; their files are compiled for AVX2 and AVX-512, so nothing of them runs on a
+ * CPU without), and whether to use it */
+#if MDL_X86
+static int winograd_cpu(mdl_simd level) { return mdl_cpu_simd() >= level; }
+#endif
+
 static size_t winograd_fixed(const mdl_conv2d_shape *s)
 {
     size_t f = 0;
 #if MDL_X86
-    if (mdl_winograd_applies(s)) f = mdl_winograd_fixed_floats(s);
-    if (mdl_winograd_avx512_applies(s)) f = max_size(f, mdl_winograd_avx512_fixed_floats(s));
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd_applies(s)) f = mdl_winograd_fixed_floats(s);
+    if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
+        f = max_size(f, mdl_winograd_avx512_fixed_floats(s));
 #endif
     (void)s;
     return f;
@@ -93,8 +99,10 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     size_t f = 0;
 #if MDL_X86
-    if (mdl_winograd_applies(s)) f = mdl_winograd_thread_floats(s, ho, wo);
-    if (mdl_winograd_avx512_applies(s)) f = max_size(f, mdl_winograd_avx512_thread_floats(s, ho, wo));
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd_applies(s))
+        f = mdl_winograd_thread_floats(s, ho, wo);
+    if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
+        f = max_size(f, mdl_winograd_avx512_thread_floats(s, ho, wo));
 #endif
     (void)s, (void)ho, (void)wo;
     return f;
@@ -270,7 +278,7 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                               FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + img);
 #if MDL_X86
     /* or Winograd's partial dU and buffers */
-    if (mdl_winograd_avx512_applies(s))
+    if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
 #endif
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
