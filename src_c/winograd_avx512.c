@@ -24,7 +24,8 @@
  *      16 output channels, then bias, ReLU and the channel sums with the channels
  *      in the lanes, and back to NCHW rows (a 16 x 16 transpose for F(4x4)).
  * Small images go several to a call (mdl_winograd_avx512_group) so that the products
- * have tiles enough to fill their blocks  The weight gradient is the adjoint of the same steps (below). */
+ * have tiles enough to fill their blocks.  The weight gradient is the adjoint of the
+ * same steps (below). */
 #include "common.h"
 #if MDL_X86
 #include <string.h>
@@ -35,17 +36,17 @@
 #define XI 36                                      /* transform points, 6 x 6 */
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
 
-typedef struct w4_geom {
+typedef struct wino_geom {
     int64_t m;          /* outputs per tile side: 4 (3x3) or 2 (5x5) */
     int64_t th, tw, T;  /* tile rows and columns of an image, tiles per image */
     int64_t hp, wp;     /* rows and columns of a transposed image: m th + r - 1, m tw + r - 1 */
     int64_t group;      /* images per call */
     int64_t chunk;      /* tiles per chunk at most */
-} w4_geom;
+} wino_geom;
 
-static w4_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    w4_geom g;
+    wino_geom g;
     g.m = s->kh == 3 ? 4 : 2;
     g.th = (ho + g.m - 1) / g.m;
     g.tw = (wo + g.m - 1) / g.m;
@@ -79,7 +80,7 @@ int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t
 
 size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const w4_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo);
     return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
            FL(XI * g.chunk * s->c_out);
 }
@@ -397,7 +398,7 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
                           const float *bias, int relu, double *sums, int accumulate, float *y,
                           float *buf)
 {
-    const w4_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
     const int64_t xt_image = g.hp * g.wp * c_in;
     float *xt = buf, *v = xt + FL(g.group * xt_image), *m = v + FL(XI * g.chunk * c_in);
@@ -438,7 +439,7 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
 
 size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const w4_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo);
     return FL(2 * XI * s->c_in * s->c_out) + mdl_winograd_avx512_thread_floats(s, ho, wo) +
            FL(g.group * g.m * g.th * g.m * g.tw * s->c_out);
 }
@@ -548,7 +549,7 @@ void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int6
                                      int64_t images, const float *x, const mdl_affine *in,
                                      const float *dy, double *du, float *buf)
 {
-    const w4_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
     const int64_t xt_image = g.hp * g.wp * c_in, rows = g.m * g.th, cols = g.m * g.tw;
     const int64_t dyt_image = rows * cols * c_out;
