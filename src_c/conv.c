@@ -13,19 +13,20 @@
  *    where the CPU has AVX-512F (6 x 16 with AVX2); otherwise the image's column
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
  *    stride 1 and no padding).  Winograd (winograd_avx512.c, winograd_avx2.c)
- *    replaces the GEMM where use_winograd says.  Forward: y[b] = W @ col(x[b]), with bias and ReLU
- *    applied by the GEMM's epilogue while each tile is in registers, and the
- *    channel sums taken by it or, on the in-place path, from each image's output
- *    while it is in the cache.  The fused forward and weight gradient read x
- *    through a per-channel map (mdl_affine: a BatchNorm's normalisation and ReLU)
- *    as they copy each image into its phase planes, or into a per-thread copy of
- *    the image on the other paths.  Backward-data with stride 1 is the forward convolution of dy
- *    with the flipped, transposed weights; with a stride (or very few input
- *    channels) it is col = W^T @ dy for a chunk of B images side by side (N = B
- *    * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then col2im.
- *    Backward-weights: each thread adds dy[b] @ col(x[b])^T over its images into
- *    its own partial dw (with rows a multiple of 8 wide, as dot products over
- *    the phase planes); the partials are added in thread order.
+ *    replaces the GEMM where use_winograd says.  Forward: y[b] = W @ col(x[b]),
+ *    with bias and ReLU applied by the GEMM's epilogue while each tile is in
+ *    registers, and the channel sums taken by it or, on the in-place path, from
+ *    each image's output while it is in the cache.  The fused forward and weight
+ *    gradient read x through a per-channel map (mdl_affine: a BatchNorm's
+ *    normalisation and ReLU) as they copy each image into its phase planes, or
+ *    into a per-thread copy of the image on the other paths.  Backward-data with
+ *    stride 1 is the forward convolution of dy with the flipped, transposed
+ *    weights; with a stride (or very few input channels) it is col = W^T @ dy for
+ *    a chunk of B images side by side (N = B * P, B chosen so the chunk's buffers
+ *    stay near CHUNK_FLOATS), then col2im.  Backward-weights: each thread adds
+ *    dy[b] @ col(x[b])^T over its images into its own partial dw (with rows a
+ *    multiple of 8 wide, as dot products over the phase planes; by Winograd where
+ *    the forward takes winograd_avx512.c); the partials are added in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -562,9 +563,9 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
         const int64_t b1 = s->n * (t + 1) / nt;
         for (int64_t b = s->n * t / nt; b < b1 && wino == WINO_CHANNELS; b += group)
             mdl_winograd_avx512_images(s, g->ho, g->wo, pa, b1 - b < group ? b1 - b : group,
-                                 x + b * s->c_in * s->h * s->w, in, bias, relu,
-                                 sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
-                                 y + b * c_out * P, col);
+                                       x + b * s->c_in * s->h * s->w, in, bias, relu,
+                                       sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
+                                       y + b * c_out * P, col);
         for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS; b++) {
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
@@ -624,14 +625,14 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
     {
         int t, T;
         MDL_THREAD_ID(t, T);
-        double *du = (double *)(ws + t * stride);
+        double *du = (double *)(ws + t * stride); /* 36 transform points x pairs */
         memset(du, 0, (size_t)(36 * pairs) * sizeof(double));
         const int64_t b1 = s->n * (t + 1) / T;
         for (int64_t b = s->n * t / T; b < b1; b += group)
             mdl_winograd_avx512_grad_images(s, g->ho, g->wo, b1 - b < group ? b1 - b : group,
                                             x + b * c_in * s->h * s->w, in,
                                             dy + b * c_out * g->P, du,
-                                            (float *)du + FLOATS(72 * pairs));
+                                            (float *)(du + 36 * pairs));
 #pragma omp barrier
         mdl_winograd_avx512_grad_finish(s, (const double *)ws, T, stride / 2, pairs * t / T,
                                         pairs * (t + 1) / T, dw, accumulate);
