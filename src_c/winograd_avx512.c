@@ -254,68 +254,84 @@ static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, floa
     }
 }
 
-/* m[j][16c ..] = sum over ci of v[j][ci] * u[ci][16c ..] for TB tiles j and CB vectors of
- * output channels: TB x CB accumulators (v rows c_in apart, u and m rows c_out apart) */
+/* The products of both directions as blocks of TB x CB vectors of outputs held in
+ * registers, rank-1 updates over k < K:
+ *     out[j][16c ..] = (or +=) sum over k of a(k, j) * b[k][16c ..]
+ * forward (GRAD 0): rows j are tiles, k input channels, a(k, j) = v[j][k], b = U_xi, and
+ * out = M_xi stored as floats to m; weight gradient (GRAD 1): rows j are input channels,
+ * k tiles, a(k, j) = v[k][j], b = dM_xi, and out = dU_xi added to the doubles du.  v rows
+ * c_in apart, b and out rows c_out apart. */
 static inline __attribute__((always_inline)) void
-gemm_block(const int CB, const int TB, int64_t c_in, int64_t c_out, const float *v,
-           const float *u, float *m)
+block(const int GRAD, const int CB, const int TB, int64_t K, int64_t c_in, int64_t c_out,
+      const float *v, const float *b, float *m, double *du)
 {
     __m512 acc[24], w[4]; /* TB * CB <= 24, CB <= 4 */
 #pragma GCC unroll 24
-    for (int j = 0; j < TB; j++)
+    for (int j = 0; j < TB * CB; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
 #pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_setzero_ps();
-    for (int64_t ci = 0; ci < c_in; ci++) {
-#pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) w[c] = _mm512_loadu_ps(u + ci * c_out + 16 * c);
+        for (int c = 0; c < CB; c++) w[c] = _mm512_loadu_ps(b + k * c_out + 16 * c);
 #pragma GCC unroll 24
         for (int j = 0; j < TB; j++) {
-            const __m512 b = _mm512_set1_ps(v[j * c_in + ci]);
+            const __m512 x = _mm512_set1_ps(GRAD ? v[k * c_in + j] : v[j * c_in + k]);
 #pragma GCC unroll 4
-            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(b, w[c], acc[j * CB + c]);
+            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(x, w[c], acc[j * CB + c]);
         }
     }
 #pragma GCC unroll 24
     for (int j = 0; j < TB; j++)
 #pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) _mm512_storeu_ps(m + j * c_out + 16 * c, acc[j * CB + c]);
+        for (int c = 0; c < CB; c++) {
+            const __m512 r = acc[j * CB + c];
+            if (!GRAD) {
+                _mm512_storeu_ps(m + j * c_out + 16 * c, r);
+                continue;
+            }
+            double *p = du + j * c_out + 16 * c;
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1));
+            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), _mm512_cvtps_pd(_mm512_castps512_ps256(r))));
+            _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), _mm512_cvtps_pd(hi)));
+        }
 }
 
-/* M_xi = V_xi @ U_xi for n tiles, in blocks of 24 / CB tiles, the rest in blocks of 16,
- * 8, 4, 2 and 1 */
+/* The 36 products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of 24 / CB,
+ * the rest in blocks of 16, 8, 4, 2 and 1 */
 static inline __attribute__((always_inline)) void
-products_cb(const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *u,
-            float *m)
+products_cb(const int GRAD, const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v,
+            const float *b, float *m, double *du)
 {
     const int TBM = 24 / CB;
+    const int64_t rows = GRAD ? c_in : n, K = GRAD ? n : c_in;
     for (int64_t xi = 0; xi < XI; xi++) {
-        const float *vx = v + xi * n * c_in, *ux = u + xi * c_in * c_out;
-        float *mx = m + xi * n * c_out;
+        const float *vx = v + xi * n * c_in, *bx = b + xi * K * c_out;
+        float *mx = GRAD ? NULL : m + xi * rows * c_out;
+        double *dx = GRAD ? du + xi * rows * c_out : NULL;
         for (int64_t co = 0; co < c_out; co += 16 * CB) {
-            int64_t t = 0;
-            for (; t + TBM <= n; t += TBM)
-                gemm_block(CB, TBM, c_in, c_out, vx + t * c_in, ux + co, mx + t * c_out + co);
+            int64_t j = 0;
+#define BLOCK(TB)                                                                           \
+    block(GRAD, CB, TB, K, c_in, c_out, vx + (GRAD ? j : j * c_in), bx + co,                \
+          GRAD ? NULL : mx + j * c_out + co, GRAD ? dx + j * c_out + co : NULL)
+            for (; j + TBM <= rows; j += TBM) BLOCK(TBM);
 #define TAIL(TB)                                                                            \
-    if (TB < TBM && n - t >= TB) {                                                          \
-        gemm_block(CB, TB < TBM ? TB : 1, c_in, c_out, vx + t * c_in, ux + co,              \
-                   mx + t * c_out + co);                                                    \
-        t += TB;                                                                            \
+    if (TB < TBM && rows - j >= TB) {                                                       \
+        BLOCK(TB < TBM ? TB : 1);                                                           \
+        j += TB;                                                                            \
     }
             TAIL(16) TAIL(8) TAIL(4) TAIL(2) TAIL(1)
 #undef TAIL
+#undef BLOCK
         }
     }
 }
 
-static void products(int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *u,
-                     float *m)
+static void products(int grad, int64_t n, int64_t c_in, int64_t c_out, const float *v,
+                     const float *b, float *m, double *du)
 {
-    if (c_out % 64 == 0)
-        products_cb(4, n, c_in, c_out, v, u, m);
-    else if (c_out % 32 == 0)
-        products_cb(2, n, c_in, c_out, v, u, m);
-    else
-        products_cb(1, n, c_in, c_out, v, u, m);
+    const int cb = c_out % 64 == 0 ? 4 : c_out % 32 == 0 ? 2 : 1;
+#define CASE(G, CB) \
+    if (grad == G && cb == CB) products_cb(G, CB, n, c_in, c_out, v, b, m, du);
+    CASE(0, 4) CASE(0, 2) CASE(0, 1) CASE(1, 4) CASE(1, 2) CASE(1, 1)
+#undef CASE
 }
 
 /* The MO x MO outputs of one tile from m = M_0[t] (points n * c_out floats apart):
@@ -414,7 +430,7 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
             input_tile(c_in, g.wp, xt + b * xt_image + (ty * g.wp + tx) * g.m * c_in, n,
                        v + t * c_in);
         }
-        products(n, c_in, c_out, v, u, m);
+        products(0, n, c_in, c_out, v, u, m, NULL);
         for (int64_t t = 0; t < n; t++) {
             const int64_t q = q0 + t, b = q / g.T, oh = q % g.T / g.tw * g.m, ow = q % g.tw * g.m;
             const int64_t nr = ho - oh < g.m ? ho - oh : g.m, nc = wo - ow < g.m ? wo - ow : g.m;
@@ -488,63 +504,6 @@ grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, int64_t n, 
     }
 }
 
-/* du[j][16c ..] += sum over n tiles of v[t][j] * dm[t][16c ..] for TB input channels j and
- * CB vectors of output channels (v rows c_in apart, dm rows and du rows c_out apart) */
-static inline __attribute__((always_inline)) void
-grad_block(const int CB, const int TB, int64_t n, int64_t c_in, int64_t c_out, const float *v,
-           const float *dm, double *du)
-{
-    __m512 acc[24], d[4];
-#pragma GCC unroll 24
-    for (int j = 0; j < TB * CB; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n; t++) {
-#pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) d[c] = _mm512_loadu_ps(dm + t * c_out + 16 * c);
-#pragma GCC unroll 24
-        for (int j = 0; j < TB; j++) {
-            const __m512 b = _mm512_set1_ps(v[t * c_in + j]);
-#pragma GCC unroll 4
-            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(b, d[c], acc[j * CB + c]);
-        }
-    }
-#pragma GCC unroll 24
-    for (int j = 0; j < TB; j++)
-#pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) {
-            double *p = du + j * c_out + 16 * c;
-            const __m512 a = acc[j * CB + c];
-            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), _mm512_cvtps_pd(_mm512_castps512_ps256(a))));
-            _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), _mm512_cvtps_pd(hi)));
-        }
-}
-
-/* dU_xi += V_xi^T dM_xi for n tiles: input channels in blocks of 24 / CB, the rest in
- * blocks of 16, 8, 4, 2 and 1 */
-static inline __attribute__((always_inline)) void
-grads_cb(const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v, const float *dm,
-         double *du)
-{
-    const int TBM = 24 / CB;
-    for (int64_t xi = 0; xi < XI; xi++) {
-        const float *vx = v + xi * n * c_in, *dx = dm + xi * n * c_out;
-        double *ux = du + xi * c_in * c_out;
-        for (int64_t co = 0; co < c_out; co += 16 * CB) {
-            int64_t ci = 0;
-            for (; ci + TBM <= c_in; ci += TBM)
-                grad_block(CB, TBM, n, c_in, c_out, vx + ci, dx + co, ux + ci * c_out + co);
-#define TAIL(TB)                                                                            \
-    if (TB < TBM && c_in - ci >= TB) {                                                      \
-        grad_block(CB, TB < TBM ? TB : 1, n, c_in, c_out, vx + ci, dx + co,                 \
-                   ux + ci * c_out + co);                                                   \
-        ci += TB;                                                                           \
-    }
-            TAIL(16) TAIL(8) TAIL(4) TAIL(2) TAIL(1)
-#undef TAIL
-        }
-    }
-}
-
 void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
                                      int64_t images, const float *x, const mdl_affine *in,
                                      const float *dy, double *du, float *buf)
@@ -574,12 +533,7 @@ void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int6
             else
                 grad_tile(2, c_out, cols, d, n, dm + t * c_out);
         }
-        if (c_out % 64 == 0)
-            grads_cb(4, n, c_in, c_out, v, dm, du);
-        else if (c_out % 32 == 0)
-            grads_cb(2, n, c_in, c_out, v, dm, du);
-        else
-            grads_cb(1, n, c_in, c_out, v, dm, du);
+        products(1, n, c_in, c_out, v, dm, NULL, du);
     }
 }
 
