@@ -41,9 +41,10 @@
 /* the shape check: mdl_conv2d_check_shape in checks.h */
 #define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
 #define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
-/* MDL_CONV_AUTO: Winograd F(2x2, 3x3) from this many input and output channels and
- * output rows at least this wide (measured in bench/NOTES.md: below, its transforms
- * cost more than the multiplications it saves; F(2x2, 5x5) never won) */
+/* MDL_CONV_AUTO, where winograd_avx512.c does not apply: winograd_avx2.c's F(2x2, 3x3)
+ * from this many input and output channels and output rows at least this wide
+ * (measured in bench/NOTES.md: below, its transforms cost more than the
+ * multiplications it saves; its F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
 /* MDL_CONV_AUTO: winograd_avx512.c up to c_in * c_out = 128 * 128: beyond, its transformed
