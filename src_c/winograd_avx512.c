@@ -409,27 +409,40 @@ output_tile(const int MO, int64_t c_out, int64_t n, const float *m, const float 
     }
 }
 
+/* xt (images, hp, wp, c_in) = the images x transposed and padded (transpose_image) */
+static void transpose_images(const mdl_conv2d_shape *s, const wino_geom *g, int64_t images,
+                             const float *x, const mdl_affine *in, float *xt)
+{
+    for (int64_t b = 0; b < images; b++)
+        transpose_image(s->c_in, s->h, s->w, s->pad_h, s->pad_w, g->hp, g->wp,
+                        x + b * s->c_in * s->h * s->w, in, xt + b * g->hp * g->wp * s->c_in);
+}
+
+/* V of the chunk of n tiles q0 .. q0 + n - 1 (image-major) of the transposed images xt */
+static void input_tiles(int64_t c_in, const wino_geom *g, const float *xt, int64_t q0, int64_t n,
+                        float *v)
+{
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t q = q0 + t, b = q / g->T, ty = q % g->T / g->tw, tx = q % g->tw;
+        input_tile(c_in, g->wp,
+                   xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in, n, v + t * c_in);
+    }
+}
+
 void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
-                          int64_t images, const float *x, const mdl_affine *in,
-                          const float *bias, int relu, double *sums, int accumulate, float *y,
-                          float *buf)
+                                int64_t images, const float *x, const mdl_affine *in,
+                                const float *bias, int relu, double *sums, int accumulate,
+                                float *y, float *buf)
 {
     const wino_geom g = geom(s, ho, wo);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
-    const int64_t xt_image = g.hp * g.wp * c_in;
-    float *xt = buf, *v = xt + FL(g.group * xt_image), *m = v + FL(XI * g.chunk * c_in);
-    for (int64_t b = 0; b < images; b++)
-        transpose_image(c_in, s->h, s->w, s->pad_h, s->pad_w, g.hp, g.wp,
-                        x + b * c_in * s->h * s->w, in, xt + b * xt_image);
+    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(XI * g.chunk * c_in);
+    transpose_images(s, &g, images, x, in, xt);
     if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
     const int64_t chunks = (total + g.chunk - 1) / g.chunk;
     for (int64_t k = 0; k < chunks; k++) {
         const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            input_tile(c_in, g.wp, xt + b * xt_image + (ty * g.wp + tx) * g.m * c_in, n,
-                       v + t * c_in);
-        }
+        input_tiles(c_in, &g, xt, q0, n, v);
         products(0, n, c_in, c_out, v, u, m, NULL);
         for (int64_t t = 0; t < n; t++) {
             const int64_t q = q0 + t, b = q / g.T, oh = q % g.T / g.tw * g.m, ow = q % g.tw * g.m;
@@ -510,23 +523,19 @@ void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int6
 {
     const wino_geom g = geom(s, ho, wo);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
-    const int64_t xt_image = g.hp * g.wp * c_in, rows = g.m * g.th, cols = g.m * g.tw;
-    const int64_t dyt_image = rows * cols * c_out;
-    float *xt = buf, *v = xt + FL(g.group * xt_image), *dm = v + FL(XI * g.chunk * c_in);
+    const int64_t rows = g.m * g.th, cols = g.m * g.tw, dyt_image = rows * cols * c_out;
+    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *dm = v + FL(XI * g.chunk * c_in);
     float *dyt = dm + FL(XI * g.chunk * c_out);
-    for (int64_t b = 0; b < images; b++) {
-        transpose_image(c_in, s->h, s->w, s->pad_h, s->pad_w, g.hp, g.wp,
-                        x + b * c_in * s->h * s->w, in, xt + b * xt_image);
+    transpose_images(s, &g, images, x, in, xt);
+    for (int64_t b = 0; b < images; b++)
         transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * P, NULL,
                         dyt + b * dyt_image);
-    }
     const int64_t chunks = (total + g.chunk - 1) / g.chunk;
     for (int64_t k = 0; k < chunks; k++) {
         const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
+        input_tiles(c_in, &g, xt, q0, n, v);
         for (int64_t t = 0; t < n; t++) {
             const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            input_tile(c_in, g.wp, xt + b * xt_image + (ty * g.wp + tx) * g.m * c_in, n,
-                       v + t * c_in);
             const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
             if (g.m == 4)
                 grad_tile(4, c_out, cols, d, n, dm + t * c_out);
