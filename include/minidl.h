@@ -134,11 +134,13 @@ typedef struct mdl_conv2d_shape {
 } mdl_conv2d_shape;
 
 /* The algorithm of the SIMD convolutions.  MDL_CONV_AUTO (the default) uses
- * Winograd's F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at least 64
- * input and output channels and outputs at least 16 wide (forward, and
- * backward_data through the equivalent forward of dy), where it was measured to
- * pay, and an implicit GEMM elsewhere; MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
- * one (Winograd F(2x2, 3x3) or F(2x2, 5x5), only where it applies).  The environment
+ * Winograd where it was measured to pay and an implicit GEMM elsewhere: on a CPU
+ * with AVX-512, F(4x4, 3x3) and F(2x2, 5x5) for stride 1, padding < kernel, input
+ * and output channels multiples of 16 with c_in * c_out <= 128 * 128 (forward, both
+ * gradients); otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
+ * least 64 input and output channels and outputs at least 16 wide (forward, and
+ * backward_data through the equivalent forward of dy).  MDL_CONV_GEMM and
+ * MDL_CONV_WINOGRAD choose one (Winograd only where it applies).  The environment
  * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The
  * scalar reference kernels always convolve directly. */
 typedef enum mdl_conv_algo {
@@ -255,6 +257,28 @@ MDL_API mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, con
 /* Mean over each window counting padding (count_include_pad=True). */
 MDL_API mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
 MDL_API mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx);
+
+/* A convolution and the pooling of its output in one call: y = pooled(conv(x, w) +
+ * bias, then max(., 0) when relu), then max(., 0) again when pool_relu, with the
+ * max (pool_kind MDL_POOL_MAX) or average (MDL_POOL_AVG) pooling of shape `pool`,
+ * whose n, c, h, w must be the convolution's output (n, c_out, h_out, w_out).  Each
+ * image's convolution output goes to a per-thread buffer in the workspace and is
+ * pooled from the cache, so it is never written to y's memory: y is the pooled
+ * (n, c_out, pool h_out, pool w_out).  The same values as mdl_conv2d_forward_ex,
+ * then the pooling, then a ReLU. */
+typedef enum mdl_pool_kind {
+    MDL_POOL_MAX = 0,
+    MDL_POOL_AVG = 1
+} mdl_pool_kind;
+/* Scratch bytes, as mdl_conv2d_workspace_size, plus the per-thread buffers; 0 for
+ * an invalid shape. */
+MDL_API size_t mdl_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
+                                                const mdl_pool2d_shape *pool);
+MDL_API mdl_status mdl_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x,
+                                             const float *w, const float *bias, int relu,
+                                             const mdl_pool2d_shape *pool,
+                                             mdl_pool_kind pool_kind, int pool_relu, float *y,
+                                             void *workspace, size_t workspace_bytes);
 
 /* y (n, c) = mean of x (n, c, h, w) over h and w. */
 MDL_API mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,

@@ -146,6 +146,18 @@ MDL_API mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, cons
                                                  double *channel_sum, double *channel_sumsq,
                                                  float *y, void *workspace,
                                                  size_t workspace_bytes, mdl_cuda_stream stream);
+/* The convolution and its pooling (see mdl_conv2d_forward_pooled): here the
+ * convolution's output goes to the workspace, which must be given and hold
+ * mdl_cuda_conv2d_pooled_workspace_size bytes (n * c_out * h_out * w_out floats),
+ * then the pooling and the ReLU read it from there. */
+MDL_API size_t mdl_cuda_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
+                                                     const mdl_pool2d_shape *pool);
+MDL_API mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x,
+                                                  const float *w, const float *bias, int relu,
+                                                  const mdl_pool2d_shape *pool,
+                                                  mdl_pool_kind pool_kind, int pool_relu,
+                                                  float *y, void *workspace,
+                                                  size_t workspace_bytes, mdl_cuda_stream stream);
 /* dx = conv_transpose(dy, w), overwritten. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_data(const mdl_conv2d_shape *s, const float *dy,
                                                  const float *w, float *dx,

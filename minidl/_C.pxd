@@ -91,6 +91,15 @@ cdef extern from "minidl.h" nogil:
                                               const float *dy, float *dx)
     mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
     mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
+    ctypedef enum mdl_pool_kind:
+        MDL_POOL_MAX
+        MDL_POOL_AVG
+    size_t mdl_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
+                                            const mdl_pool2d_shape *pool)
+    mdl_status mdl_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                         const float *bias, int relu, const mdl_pool2d_shape *pool,
+                                         mdl_pool_kind pool_kind, int pool_relu, float *y,
+                                         void *workspace, size_t workspace_bytes)
     mdl_status mdl_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
                                              const float *x, float *y)
     mdl_status mdl_global_avg_pool2d_backward(int64_t n, int64_t c, int64_t h, int64_t w,

@@ -165,6 +165,25 @@ def conv2d_forward_fused(tuple shape, const float[::1] x, const float[::1] in_sc
     check(st)
 
 
+def conv2d_pooled_workspace_size(tuple shape, tuple pool):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_pool2d_shape ps = pool_shape(pool)
+    return mdl_conv2d_pooled_workspace_size(&cs, &ps)
+
+
+def conv2d_forward_pooled(tuple shape, const float[::1] x, const float[::1] w,
+                          const float[::1] bias, bint relu, tuple pool, bint pool_avg,
+                          bint pool_relu, float[::1] y, float[::1] ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_pool2d_shape ps = pool_shape(pool)
+    cdef mdl_pool_kind kind = MDL_POOL_AVG if pool_avg else MDL_POOL_MAX
+    cdef mdl_status st
+    with nogil:
+        st = mdl_conv2d_forward_pooled(&cs, cptr(x), cptr(w), cptr(bias), relu, &ps, kind,
+                                       pool_relu, mptr(y), wptr(ws), wbytes(ws))
+    check(st)
+
+
 def conv2d_backward_data(tuple shape, const float[::1] dy, const float[::1] w, float[::1] dx,
                          float[::1] ws=None):
     cdef mdl_conv2d_shape cs = conv_shape(shape)

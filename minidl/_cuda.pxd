@@ -1,6 +1,6 @@
 # Mirror of include/minidl_cuda.h, one to one (minidl.h's types come from _C.pxd).
 from libc.stdint cimport int64_t, uint8_t, uint64_t
-from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape, mdl_affine
+from minidl._C cimport mdl_status, mdl_conv2d_shape, mdl_pool2d_shape, mdl_affine, mdl_pool_kind
 
 cdef extern from "minidl_cuda.h" nogil:
     ctypedef struct CUstream_st
@@ -27,6 +27,14 @@ cdef extern from "minidl_cuda.h" nogil:
                                           double *channel_sum, double *channel_sumsq, float *y,
                                           void *workspace, size_t workspace_bytes,
                                           mdl_cuda_stream stream)
+    size_t mdl_cuda_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
+                                                 const mdl_pool2d_shape *pool)
+    mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x,
+                                              const float *w, const float *bias, int relu,
+                                              const mdl_pool2d_shape *pool,
+                                              mdl_pool_kind pool_kind, int pool_relu, float *y,
+                                              void *workspace, size_t workspace_bytes,
+                                              mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
                                              const mdl_affine *in_, const float *w,
                                              const float *bias, int relu, double *channel_sum,

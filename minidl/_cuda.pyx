@@ -25,7 +25,8 @@ Validation of shapes against buffers is the caller's job (minidl/device/).
 """
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from minidl._C cimport (MDL_OK, MDL_ERR_ARG, MDL_ERR_WORKSPACE, MDL_ERR_ALLOC,
-                        MDL_ERR_UNSUPPORTED, MDL_ERR_DEVICE, conv_shape, pool_shape)
+                        MDL_ERR_UNSUPPORTED, MDL_ERR_DEVICE, MDL_POOL_MAX, MDL_POOL_AVG,
+                        mdl_pool_kind, conv_shape, pool_shape)
 
 from minidl._C import MinidlError
 
@@ -132,6 +133,26 @@ def conv2d_forward_ex(tuple shape, uintptr_t x, uintptr_t w, uintptr_t bias, bin
         st = mdl_cuda_conv2d_forward_ex(&cs, cptr(x), cptr(w), cptr(bias), relu,
                                         <double *>channel_sum, <double *>channel_sumsq, mptr(y),
                                         <void *>ws, ws_bytes, sptr(stream))
+    check(st)
+
+
+def conv2d_pooled_workspace_size(tuple shape, tuple pool):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_pool2d_shape ps = pool_shape(pool)
+    return mdl_cuda_conv2d_pooled_workspace_size(&cs, &ps)
+
+
+def conv2d_forward_pooled(tuple shape, uintptr_t x, uintptr_t w, uintptr_t bias, bint relu,
+                          tuple pool, bint pool_avg, bint pool_relu, uintptr_t y, uintptr_t ws=0,
+                          size_t ws_bytes=0, uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_pool2d_shape ps = pool_shape(pool)
+    cdef mdl_pool_kind kind = MDL_POOL_AVG if pool_avg else MDL_POOL_MAX
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_forward_pooled(&cs, cptr(x), cptr(w), cptr(bias), relu, &ps, kind,
+                                            pool_relu, mptr(y), <void *>ws, ws_bytes,
+                                            sptr(stream))
     check(st)
 
 

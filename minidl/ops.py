@@ -36,7 +36,7 @@ IntPair = Union[int, Tuple[int, int]]
 
 __all__ = [
     "sgemm",
-    "conv2d", "conv2d_fused", "conv2d_backward",
+    "conv2d", "conv2d_fused", "conv2d_pooled", "conv2d_backward",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
     "global_avg_pool2d", "global_avg_pool2d_backward",
     "relu", "relu_backward", "add", "affine_add", "dropout", "dropout_backward",
@@ -271,6 +271,35 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
                             y.reshape(-1), ws)
     else:
         k.conv2d_forward(shape, x.reshape(-1), w.reshape(-1), _flat(b), y.reshape(-1), ws)
+    return y
+
+
+def conv2d_pooled(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
+                  stride: IntPair = 1, padding: IntPair = 0, relu: bool = False,
+                  pool: str = "max", kernel_size: IntPair, pool_stride: Optional[IntPair] = None,
+                  pool_padding: IntPair = 0, ceil_mode: bool = False,
+                  pool_relu: bool = False) -> np.ndarray:
+    """conv2d (stride, padding, relu as there), then max_pool2d (pool "max") or
+    avg_pool2d (pool "avg") of its output (kernel_size, pool_stride, pool_padding,
+    ceil_mode as their kernel_size, stride, padding, ceil_mode), then a ReLU when
+    pool_relu: the same values as those ops in turn.  On the host each image's
+    convolution output is pooled while it is in the cache, so it never reaches memory;
+    on a device the ops run in turn.  Returns (N, C_out, pooled H, pooled W)."""
+    if pool not in ("max", "avg"):
+        raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
+    x, w, b, shape, ho, wo = _conv_args(x, w, b, stride, padding)
+    k = _kernels(x=x, w=w, b=b)
+    n, c_out = x.shape[0], shape[4]
+    _, pshape, (pho, pwo) = _pool_args((n, c_out, ho, wo), kernel_size, pool_stride,
+                                       pool_padding, ceil_mode)
+    if k is not _C or n == 0:
+        y = conv2d(x, w, b, stride=stride, padding=padding, relu=relu)
+        y = (max_pool2d if pool == "max" else avg_pool2d)(
+            y, kernel_size, stride=pool_stride, padding=pool_padding, ceil_mode=ceil_mode)
+        return _relu(y) if pool_relu else y
+    y = np.empty((n, c_out, pho, pwo), np.float32)
+    k.conv2d_forward_pooled(shape, x.reshape(-1), w.reshape(-1), _flat(b), bool(relu), pshape,
+                            pool == "avg", bool(pool_relu), y.reshape(-1))
     return y
 
 
@@ -568,6 +597,9 @@ def relu(x: np.ndarray) -> np.ndarray:
     y = _empty(x, x.shape)
     k.relu_forward(x.reshape(-1), y.reshape(-1))
     return y
+
+
+_relu = relu  # for the ops whose argument `relu` hides it
 
 
 def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@
 #include "conv.h"
 #include "checks.h"
 #include "gemm.h"
+#include "pool.h"
 
 /* ---- shape checks and workspace layout -------------------------------------------- */
 
@@ -201,6 +202,7 @@ typedef struct conv_geom {
     int direct_data;     /* backward-data runs as a forward convolution of dy (stride 1) */
     size_t fixed;        /* bytes of the per-image path shared by the threads */
     size_t per_thread;   /* bytes of the per-image path for each thread */
+    size_t pool_floats;  /* the pooled forward's buffer for a call's outputs, the thread's last */
     size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
 
@@ -285,6 +287,39 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
 #endif
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
+    g->pool_floats = 0;
+    g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
+    return MDL_OK;
+}
+
+/* The pooling of the pooled forward (mdl_conv2d_forward_pooled) */
+typedef struct pooling {
+    mdl_pool_geom g;
+    int avg, relu;
+} pooling;
+
+/* geometry, then the pooling's, whose input must be the convolution's output, and
+ * per thread a buffer for the output of the images one call convolves (Winograd's
+ * group, or one) */
+static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
+                                  const mdl_pool2d_shape *pool, conv_geom *g, mdl_pool_geom *pg)
+{
+    mdl_status st = geometry(fn, s, g);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR_FN(fn, pool);
+    MDL_CHECK(pool->n == s->n && pool->c == s->c_out && pool->h == g->ho && pool->w == g->wo,
+              "%s: the pooling's input (%lld, %lld, %lld, %lld) must be the convolution's "
+              "output (%lld, %lld, %lld, %lld)", fn, (long long)pool->n, (long long)pool->c,
+              (long long)pool->h, (long long)pool->w, (long long)s->n, (long long)s->c_out,
+              (long long)g->ho, (long long)g->wo);
+    if ((st = mdl_pool_geometry(fn, pool, pg)) != MDL_OK) return st;
+    int64_t group = 1;
+#if MDL_X86
+    if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
+        group = mdl_winograd_avx512_group(s, g->ho, g->wo);
+#endif
+    g->pool_floats = FLOATS(group * s->c_out * g->P);
+    g->per_thread += g->pool_floats * sizeof(float);
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
     return MDL_OK;
 }
@@ -325,6 +360,14 @@ size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
 {
     conv_geom g;
     if (geometry(__func__, s, &g) != MDL_OK) return 0;
+    return need_for(&g, mdl_num_threads());
+}
+
+size_t mdl_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s, const mdl_pool2d_shape *pool)
+{
+    conv_geom g;
+    mdl_pool_geom pg;
+    if (pooled_geometry(__func__, s, pool, &g, &pg) != MDL_OK) return 0;
     return need_for(&g, mdl_num_threads());
 }
 
@@ -535,11 +578,12 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
  * (none for a pointwise kernel: x[b] is its own column matrix) and packed B panel,
  * so nothing is shared while they run and the result does not depend on the thread
  * count.  Per-image channel sums go to sums (n, 2, c_out) and are added up over the
- * images in order by the caller. */
+ * images in order by the caller.  With the pooling pl (not NULL), each call's output
+ * goes to the thread's buffer and y gets its pooling. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                       const mdl_affine *in, int wino, const float *pa, const float *bias,
-                      int relu, double *sums, float beta, float *y, float *ws, size_t avail,
-                      int nt)
+                      int relu, double *sums, const pooling *pl, float beta, float *y, float *ws,
+                      size_t avail, int nt)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P;
@@ -560,13 +604,20 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
-        float *end = col + g->per_thread / sizeof(float);
+        float *end = col + (g->per_thread / sizeof(float) - g->pool_floats);
         const int64_t b1 = s->n * (t + 1) / nt;
-        for (int64_t b = s->n * t / nt; b < b1 && wino == WINO_CHANNELS; b += group)
-            mdl_winograd_avx512_images(s, g->ho, g->wo, pa, b1 - b < group ? b1 - b : group,
-                                       x + b * s->c_in * s->h * s->w, in, bias, relu,
-                                       sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
-                                       y + b * c_out * P, col);
+        /* the output of images [b, b + count) (before pooling) and then its pooling */
+#define OUT(b) (pl ? end : y + (b) * c_out * P)
+#define POOL(b, count)                                                                   \
+    if (pl) mdl_pool_planes(&pl->g, pl->avg, pl->relu, (count) * c_out, end,            \
+                            y + (b) * c_out * pl->g.ho * pl->g.wo)
+        for (int64_t b = s->n * t / nt; b < b1 && wino == WINO_CHANNELS; b += group) {
+            const int64_t count = b1 - b < group ? b1 - b : group;
+            mdl_winograd_avx512_images(s, g->ho, g->wo, pa, count, x + b * s->c_in * s->h * s->w,
+                                       in, bias, relu, sums ? sums + b * 2 * c_out : NULL,
+                                       beta != 0.0f, OUT(b), col);
+            POOL(b, count);
+        }
         for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS; b++) {
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
@@ -583,7 +634,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 tiles.row_sum = tiles.row_sumsq = NULL;
                 const mdl_epilogue *te = bias || relu ? &tiles : NULL;
                 /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
-                float *yb = y + b * c_out * P;
+                float *yb = OUT(b);
                 const int64_t half = g->wo == 8 ? wp : 8;
                 for (int64_t p = 0; p < P; p += 16) {
                     const int64_t oh = p / g->wo, ow = p % g->wo;
@@ -591,23 +642,26 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                         c_out, K, pa, col + oh * wp + ow, off, half, beta, yb + p, P, te);
                 }
                 if (sums) mdl_conv_row_sums_avx2(c_out, P, yb, ep.row_sum, ep.row_sumsq);
-                continue;
+            } else {
+                const float *src = input_image(s, x, b, in, end);
+                if (wino) {
+                    mdl_winograd_image(s, g->ho, g->wo, pa, src, e, OUT(b), col);
+                } else {
+                    if (!g->pointwise) {
+                        mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
+                        src = col;
+                    }
+                    mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, beta, OUT(b), P, e, bbuf);
+                }
             }
-            const float *src = input_image(s, x, b, in, end);
-            if (wino) {
-                mdl_winograd_image(s, g->ho, g->wo, pa, src, e, y + b * c_out * P, col);
-                continue;
-            }
-            if (!g->pointwise) {
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
-                src = col;
-            }
-            mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, beta, y + b * c_out * P, P, e, bbuf);
+            POOL(b, 1);
         }
+#undef OUT
+#undef POOL
     }
 #else
     (void)s, (void)g, (void)x, (void)in, (void)wino, (void)pa, (void)bias, (void)relu, (void)sums;
-    (void)beta, (void)y;
+    (void)pl, (void)beta, (void)y;
     (void)ws, (void)avail, (void)nt;
 #endif
 }
@@ -754,15 +808,17 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
 /* ---- public entry points ------------------------------------------------------------ */
 
 /* y (n, c_out, ho, wo) = conv(in(x) (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
- * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y */
-
+ * or NULL), then the epilogue: max(y, 0) when relu, and the channel sums of the final y;
+ * with a pooling (pool not NULL, then no sums), y is the pooling of that */
 static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float *x,
                           const mdl_affine *in, const float *w, const float *bias, int relu,
-                          double *channel_sum, double *channel_sumsq, float *y, void *workspace,
+                          double *channel_sum, double *channel_sumsq, const mdl_pool2d_shape *pool,
+                          int pool_avg, int pool_relu, float *y, void *workspace,
                           size_t workspace_bytes)
 {
     conv_geom g;
-    mdl_status st = geometry(fn, s, &g);
+    pooling pl = {.avg = pool_avg, .relu = pool_relu};
+    mdl_status st = pool ? pooled_geometry(fn, s, pool, &g, &pl.g) : geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_AFFINE(fn, in, "in");
     MDL_CHECK_PTR(x);
@@ -775,9 +831,16 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
     if (!fast) {
-        forward_scalar(s, g.ho, g.wo, x, in, w, bias, y);
+        float *out = y;
+        if (pool && !(out = mdl_alloc((size_t)(s->n * s->c_out * g.P) * sizeof(float))))
+            return mdl_error(MDL_ERR_ALLOC, "%s: no memory for the convolution's output", fn);
+        forward_scalar(s, g.ho, g.wo, x, in, w, bias, out);
         if (relu || channel_sum || channel_sumsq)
-            epilogue_scalar(s, g.P, relu, channel_sum, channel_sumsq, y);
+            epilogue_scalar(s, g.P, relu, channel_sum, channel_sumsq, out);
+        if (pool) {
+            mdl_pool_planes(&pl.g, pool_avg, pool_relu, s->n * s->c_out, out, y);
+            mdl_free(out);
+        }
         return MDL_OK;
     }
     /* the per-image channel sums (n, 2, c_out), then the packed weights */
@@ -785,7 +848,8 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
     pack_weights(s, &g, wino, w, pa);
-    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, 0.0f, y, ws, avail,
+    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, pool ? &pl : NULL, 0.0f,
+              y, ws, avail,
               mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
     if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
@@ -795,7 +859,8 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
 mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                               const float *bias, float *y, void *workspace, size_t workspace_bytes)
 {
-    return forward(__func__, s, x, NULL, w, bias, 0, NULL, NULL, y, workspace, workspace_bytes);
+    return forward(__func__, s, x, NULL, w, bias, 0, NULL, NULL, NULL, 0, 0, y, workspace,
+                   workspace_bytes);
 }
 
 mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, const float *w,
@@ -803,8 +868,8 @@ mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x, cons
                                  double *channel_sumsq, float *y, void *workspace,
                                  size_t workspace_bytes)
 {
-    return forward(__func__, s, x, NULL, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
-                   workspace_bytes);
+    return forward(__func__, s, x, NULL, w, bias, relu, channel_sum, channel_sumsq, NULL, 0, 0, y,
+                   workspace, workspace_bytes);
 }
 
 mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
@@ -812,8 +877,21 @@ mdl_status mdl_conv2d_forward_fused(const mdl_conv2d_shape *s, const float *x,
                                     int relu, double *channel_sum, double *channel_sumsq,
                                     float *y, void *workspace, size_t workspace_bytes)
 {
-    return forward(__func__, s, x, in, w, bias, relu, channel_sum, channel_sumsq, y, workspace,
-                   workspace_bytes);
+    return forward(__func__, s, x, in, w, bias, relu, channel_sum, channel_sumsq, NULL, 0, 0, y,
+                   workspace, workspace_bytes);
+}
+
+mdl_status mdl_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x, const float *w,
+                                     const float *bias, int relu, const mdl_pool2d_shape *pool,
+                                     mdl_pool_kind pool_kind, int pool_relu, float *y,
+                                     void *workspace, size_t workspace_bytes)
+{
+    const char *fn = __func__;
+    MDL_CHECK(pool_kind == MDL_POOL_MAX || pool_kind == MDL_POOL_AVG,
+              "%s: pool_kind must be MDL_POOL_MAX or MDL_POOL_AVG, got %d", fn, (int)pool_kind);
+    MDL_CHECK_PTR(pool);
+    return forward(fn, s, x, NULL, w, bias, relu, NULL, NULL, pool, pool_kind == MDL_POOL_AVG,
+                   pool_relu, y, workspace, workspace_bytes);
 }
 
 /* dx (n, c_in, h, w) = (or +=, accumulate) conv_transpose(dy (n, c_out, ho, wo), w) */
@@ -854,7 +932,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         int wino = use_winograd(&t, s->w);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
-        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, beta, dx, ws, avail,
+        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
         mdl_free(owned);
         return MDL_OK;

@@ -128,7 +128,7 @@ void mdl_global_avg_back_scalar(int64_t hw, float dy, float *dx)
 #define LIMIT ((int64_t)1 << 31)
 
 /* mdl_pool2d_check_shape (checks.h), then the geometry of the kernels */
-static mdl_status pool_geom(const char *fn, const mdl_pool2d_shape *s, mdl_pool_geom *g)
+mdl_status mdl_pool_geometry(const char *fn, const mdl_pool2d_shape *s, mdl_pool_geom *g)
 {
     int64_t ho = 0, wo = 0;
     mdl_status st = mdl_pool2d_check_shape(fn, s, &ho, &wo);
@@ -158,7 +158,7 @@ mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int
     MDL_CHECK_PTR(h_out);
     MDL_CHECK_PTR(w_out);
     mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
+    mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     *h_out = g.ho;
     *w_out = g.wo;
@@ -166,6 +166,26 @@ mdl_status mdl_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out, int
 }
 
 /* ---- dispatch ------------------------------------------------------------- */
+
+/* the max pooling of one plane by the fastest kernel the CPU and the shape allow */
+typedef void (*plane_fn)(const mdl_pool_geom *g, const float *x, float *y);
+static plane_fn max_plane_kernel(const mdl_pool_geom *g)
+{
+    if (!mdl_use_avx2() || !g->vec_ok) return mdl_max_pool_plane_scalar;
+    return mdl_use_avx512() && mdl_max_pool_avx512_applies(g) ? mdl_max_pool_plane_avx512
+                                                               : mdl_max_pool_plane_avx2;
+}
+
+void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, const float *x,
+                     float *y)
+{
+    const int avx2 = mdl_use_avx2() && g->vec_ok;
+    const plane_fn pool = avg ? (avx2 ? mdl_avg_pool_plane_avx2 : mdl_avg_pool_plane_scalar)
+                              : max_plane_kernel(g);
+    const int64_t hw = g->h * g->w, ohw = g->ho * g->wo;
+    for (int64_t p = 0; p < planes; p++) pool(g, x + p * hw, y + p * ohw);
+    if (relu) (avx2 ? mdl_relu_forward_avx2 : mdl_relu_forward_scalar)(0, planes * ohw, y, y);
+}
 
 /* Run `body` for every plane p in [0, count), planes split statically over threads. */
 #define PLANES(count, work, body)                                       \
@@ -195,7 +215,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
                            const mdl_affine *in, const float *dy, float *out, uint8_t *tap)
 {
     mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
+    mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_AFFINE(fn, in, "in");
     if (back) {
@@ -207,6 +227,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
     if (tap && (st = check_taps(fn, &g)) != MDL_OK) return st;
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     const int avx2 = mdl_use_avx2() && g.vec_ok;
+    const plane_fn max_plane = max_plane_kernel(&g);
     int nt = mdl_threads_for((double)planes * ((double)ohw * (double)(g.kh * g.kw) +
                                                (back ? (double)hw : 0.0)));
     float *planebuf = NULL;
@@ -238,8 +259,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
                 if (avx2) mdl_max_pool_tap_plane_avx2(&g, xp, out + p * ohw, tap + p * ohw);
                 else mdl_max_pool_tap_plane_scalar(&g, xp, out + p * ohw, tap + p * ohw);
             } else if (!back) {
-                if (avx2) mdl_max_pool_plane_avx2(&g, xp, out + p * ohw);
-                else mdl_max_pool_plane_scalar(&g, xp, out + p * ohw);
+                max_plane(&g, xp, out + p * ohw);
             } else if (avx2) {
                 mdl_max_pool_back_plane_avx2(&g, xp, dy + p * ohw, out + p * hw);
             } else {
@@ -309,7 +329,7 @@ mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8
 {
     const char *fn = __func__;
     mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
+    mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK || (st = check_taps(fn, &g)) != MDL_OK) return st;
     MDL_CHECK(tap != NULL && dy != NULL && dx != NULL, "%s: tap, dy and dx must not be NULL", fn);
     int64_t to_row[MAX_TAPS], to_col[MAX_TAPS];
@@ -328,7 +348,7 @@ mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, flo
 {
     const char *fn = __func__;
     mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
+    mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     CHECK_PTRS2(x, y);
     int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
@@ -343,7 +363,7 @@ mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, f
 {
     const char *fn = __func__;
     mdl_pool_geom g;
-    mdl_status st = pool_geom(fn, s, &g);
+    mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     CHECK_PTRS2(dy, dx);
     int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;

@@ -3,6 +3,7 @@
 #define MDL_POOL_H
 #include <math.h>
 #include <stdint.h>
+#include "common.h"
 
 /* The geometry of one plane: input h x w, output ho x wo, window kh x kw.
  * Output columns [ow_lo, ow_hi) have windows that lie inside [0, w) in full
@@ -13,6 +14,13 @@ typedef struct mdl_pool_geom {
     int64_t ow_lo, ow_hi;
     int vec_ok;
 } mdl_pool_geom;
+
+/* The shape check (mdl_pool2d_check_shape) and the geometry of one plane. */
+mdl_status mdl_pool_geometry(const char *fn, const mdl_pool2d_shape *s, mdl_pool_geom *g);
+/* y (planes, ho, wo) = the max (or average: avg) pooling of x (planes, h, w), then
+ * max(y, 0) when relu; in the calling thread, AVX2 where selected. */
+void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, const float *x,
+                     float *y);
 
 /* Rows of the window of output row oh (columns alike): [lo, hi) clipped to the
  * input; *span is the unclipped extent, limited to the padded input, which is
@@ -83,6 +91,10 @@ void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx);
 float mdl_global_avg_avx2(int64_t hw, const float *x);
 void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
+/* pool_avx512.c: mdl_max_pool_plane_avx2's contract, where applies (strides 1 and 2
+ * along the row, windows of 2 to 8 rows that overlap, rows of up to 256 outputs) */
+int mdl_max_pool_avx512_applies(const mdl_pool_geom *g);
+void mdl_max_pool_plane_avx512(const mdl_pool_geom *g, const float *x, float *y);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_max_pool_plane_avx2 mdl_max_pool_plane_scalar
 #  define mdl_max_pool_back_plane_avx2 mdl_max_pool_back_plane_scalar
@@ -91,5 +103,7 @@ void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
 #  define mdl_avg_pool_back_plane_avx2 mdl_avg_pool_back_plane_scalar
 #  define mdl_global_avg_avx2 mdl_global_avg_scalar
 #  define mdl_global_avg_back_avx2 mdl_global_avg_back_scalar
+#  define mdl_max_pool_avx512_applies(g) 0
+#  define mdl_max_pool_plane_avx512 mdl_max_pool_plane_scalar
 #endif
 #endif

@@ -300,6 +300,63 @@ mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float 
                    workspace_bytes, stream);
 }
 
+/* The pooled forward (mdl_conv2d_forward_pooled's contract): the convolution into the
+ * workspace, then the pooling from there into y, then the ReLU.  Its checks and their
+ * messages are the C core's. */
+static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
+                                  const mdl_pool2d_shape *pool, size_t *bytes)
+{
+    int64_t ho, wo, pho, pwo;
+    mdl_status st = mdl_conv2d_check_shape(fn, s, &ho, &wo);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR_FN(fn, pool);
+    MDL_CHECK(pool->n == s->n && pool->c == s->c_out && pool->h == ho && pool->w == wo,
+              "%s: the pooling's input (%lld, %lld, %lld, %lld) must be the convolution's "
+              "output (%lld, %lld, %lld, %lld)", fn, (long long)pool->n, (long long)pool->c,
+              (long long)pool->h, (long long)pool->w, (long long)s->n, (long long)s->c_out,
+              (long long)ho, (long long)wo);
+    if ((st = mdl_pool2d_check_shape(fn, pool, &pho, &pwo)) != MDL_OK) return st;
+    *bytes = (size_t)(s->n * s->c_out * ho * wo) * sizeof(float);
+    return MDL_OK;
+}
+
+size_t mdl_cuda_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
+                                             const mdl_pool2d_shape *pool)
+{
+    size_t bytes;
+    return pooled_geometry(__func__, s, pool, &bytes) == MDL_OK ? bytes : 0;
+}
+
+mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x,
+                                          const float *w, const float *bias, int relu,
+                                          const mdl_pool2d_shape *pool, mdl_pool_kind pool_kind,
+                                          int pool_relu, float *y, void *workspace,
+                                          size_t workspace_bytes, mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    MDL_CHECK(pool_kind == MDL_POOL_MAX || pool_kind == MDL_POOL_AVG,
+              "%s: pool_kind must be MDL_POOL_MAX or MDL_POOL_AVG, got %d", fn, (int)pool_kind);
+    MDL_CHECK_PTR(pool);
+    size_t need;
+    mdl_status st = pooled_geometry(fn, s, pool, &need);
+    if (st != MDL_OK) return st;
+    MDL_CHECK_PTR(x);
+    MDL_CHECK_PTR(w);
+    MDL_CHECK_PTR(y);
+    if (workspace == NULL || workspace_bytes < need)
+        return mdl_cuda_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
+                              workspace ? workspace_bytes : (size_t)0, need);
+    float *out = (float *)workspace;
+    if ((st = forward(fn, s, x, NULL, w, bias, relu, NULL, NULL, out, NULL, 0, stream)) != MDL_OK)
+        return st;
+    st = pool_kind == MDL_POOL_MAX ? mdl_cuda_max_pool2d_forward(pool, out, y, stream)
+                                   : mdl_cuda_avg_pool2d_forward(pool, out, y, stream);
+    if (st != MDL_OK || !pool_relu) return st;
+    int64_t pho, pwo;
+    mdl_pool2d_check_shape(fn, pool, &pho, &pwo);
+    return mdl_cuda_relu_forward(pool->n * pool->c * pho * pwo, y, y, stream);
+}
+
 /* dx = (or +=, accumulate) conv_transpose(dy, w) */
 static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const float *dy,
                                 const float *w, float *dx, int accumulate, void *workspace,

@@ -312,6 +312,76 @@ def test_ops_conv2d_relu_is_the_epilogue(simd, rng):
                                   np.maximum(ops.conv2d(x, wt, b, **kw), 0))
 
 
+# (conv case, pool, kernel, stride, padding, ceil_mode, relu, pool_relu)
+POOLED = [
+    ((3, 3, 32, 32, 32, 5, 5, 1, 2), "max", 3, 2, 0, True, False, True),   # cifar10_quick conv1
+    ((2, 32, 16, 16, 32, 5, 5, 1, 2), "avg", 3, 2, 0, True, True, False),  # conv2: Winograd
+    ((5, 32, 8, 8, 64, 5, 5, 1, 2), "avg", 3, 2, 0, True, True, False),    # conv3: images grouped
+    ((2, 16, 12, 12, 16, 3, 3, 1, 1), "max", 2, 2, 0, False, True, False),  # VGG-like, F(4x4)
+    (CASES[0], "max", (2, 3), (1, 2), (1, 1), True, True, True),          # im2col, odd sizes
+    (CASES[2], "avg", 2, 1, 1, False, False, True),                        # pointwise
+    ((2, 5, 16, 16, 6, 3, 3, 2, 1), "max", 3, 1, 1, False, False, False),  # strided, in place
+]
+
+
+def pooled_id(case):
+    conv, pool, k, s, p, ceil, relu, prelu = case
+    return f"{ids(conv)}-{pool}{k}s{s}p{p}{'c' if ceil else ''}{'-r' if relu else ''}" \
+           f"{'-pr' if prelu else ''}".replace(" ", "")
+
+
+@pytest.mark.parametrize("case", POOLED, ids=pooled_id)
+def test_conv2d_pooled(simd, threads, rng, case):
+    """conv2d_pooled gives exactly conv2d, then the pooling, then ReLU (the same
+    kernels, the output pooled from the cache), and that within the conv tolerance of
+    float64 NumPy."""
+    conv, pool, k, s, p, ceil, relu, prelu = case
+    x, wt, b, kw = make(rng, conv)
+    pkw = dict(stride=s, padding=p, ceil_mode=ceil)
+    y = ops.conv2d_pooled(x, wt, b, **kw, relu=relu, pool=pool, kernel_size=k, pool_stride=s,
+                          pool_padding=p, ceil_mode=ceil, pool_relu=prelu)
+    steps = ops.conv2d(x, wt, b, **kw, relu=relu)
+    steps = (ops.max_pool2d if pool == "max" else ops.avg_pool2d)(steps, k, **pkw)
+    if prelu:
+        steps = ops.relu(steps)
+    np.testing.assert_array_equal(y, steps)
+    want = ref.conv2d(x.astype(np.float64), wt.astype(np.float64), b, **ref_kw(kw))
+    want = np.maximum(want, 0) if relu else want
+    want = (ref.max_pool2d if pool == "max" else ref.avg_pool2d)(want, pair(k), pair(s),
+                                                                 pair(p), ceil)
+    assert_close(y, np.maximum(want, 0) if prelu else want, "conv")
+
+
+def test_conv2d_pooled_bad_input(rng):
+    x, wt, b, kw = make(rng, CASES[0])
+    with pytest.raises(ValueError, match="pool must be 'max' or 'avg'"):
+        ops.conv2d_pooled(x, wt, b, pool="min", kernel_size=2)
+    with pytest.raises(ValueError, match="padding must be at most half"):
+        ops.conv2d_pooled(x, wt, b, kernel_size=2, pool_padding=2)
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        ops.conv2d_pooled(x[0], wt, b, kernel_size=2)
+    assert ops.conv2d_pooled(x[:0], wt, b, **kw, kernel_size=2).shape == (0, 5, 2, 4)
+    # the C core: the pooling's input must be the convolution's output
+    shape = c_shape(CASES[0])
+    ho, wo = _C.conv2d_output_size(shape)
+    y = np.empty(2 * 5 * ho * wo, np.float32)
+    for pool in [(2, 5, ho + 1, wo, 2, 2, 2, 2, 0, 0, 0), (2, 4, ho, wo, 2, 2, 2, 2, 0, 0, 0)]:
+        with pytest.raises(ValueError, match="must be the convolution's output"):
+            _C.conv2d_forward_pooled(shape, x.ravel(), wt.ravel(), b, False, pool, False, False, y)
+        assert _C.conv2d_pooled_workspace_size(shape, pool) == 0
+    pool = (2, 5, ho, wo, 2, 2, 2, 2, 0, 0, 0)
+    assert _C.conv2d_pooled_workspace_size(shape, pool) > _C.conv2d_workspace_size(shape)
+    before = minidl.get_num_threads()
+    minidl.set_num_threads(1)
+    try:
+        small = np.empty(_C.conv2d_pooled_workspace_size(shape, pool) // 4 - 1, np.float32)
+        with pytest.raises(ValueError, match="workspace has .* bytes, needs"):
+            _C.conv2d_forward_pooled(shape, x.ravel(), wt.ravel(), b, False, pool, False, False,
+                                     y, small)
+    finally:
+        minidl.set_num_threads(before)
+
+
 def test_workspace(simd, rng):
     case = (2, 3, 9, 8, 5, 3, 3, 1, 1)
     x, wt, b, kw = make(rng, case)

@@ -19,7 +19,7 @@ CPU_ONLY = {"version", "set_num_threads", "get_num_threads", "set_min_parallel_w
             "cpu_simd", "set_simd", "get_simd", "set_conv_algo", "get_conv_algo"}
 # Size helpers run on the host: exactly _C's parameters, no stream.
 HOST_ONLY = {"sgemm_workspace_size", "conv2d_output_size", "conv2d_workspace_size",
-             "pool2d_output_size", "linear_workspace_size"}
+             "conv2d_pooled_workspace_size", "pool2d_output_size", "linear_workspace_size"}
 # What a device address cannot tell, appended after _C's parameters (before stream).
 APPENDED = {
     "relu_forward": ["count"], "relu_backward": ["count"], "add": ["count"],
@@ -122,6 +122,11 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
     ("conv2d_backward_weights_fused",
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), f32, None, f32, True, f32, f32, False),
      ((1, 1, 2, 2, 1, 1, 1, 1, 1, 0, 0), ADDR, 0, ADDR, True, ADDR, ADDR, False)),
+    ("conv2d_forward_pooled",  # the pooling's input is not the convolution's output
+     ((1, 1, 4, 4, 1, 1, 1, 1, 1, 0, 0), f32, f32, None, False, (1, 1, 3, 4, 2, 2, 2, 2, 0, 0, 0),
+      False, False, f32),
+     ((1, 1, 4, 4, 1, 1, 1, 1, 1, 0, 0), ADDR, ADDR, 0, False, (1, 1, 3, 4, 2, 2, 2, 2, 0, 0, 0),
+      False, False, ADDR)),
     ("max_pool2d_forward_fused",  # a map with a scale and no shift
      ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), f32, f32, None, True, f32),
      ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), ADDR, ADDR, 0, True, ADDR)),

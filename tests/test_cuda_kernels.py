@@ -285,6 +285,25 @@ def test_max_pool2d_nan(gpu):
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_conv2d_forward_pooled(gpu, rng, pool):
+    """cifar10_quick's conv1 then pool1 then relu1 in one call, against the CPU's;
+    without a workspace the call fails."""
+    shape, (ho, wo), x, wt, bias, _, kw = conv_case(rng, 5, 3, 32, 32, 32, 5, 5, 1, 2)
+    pshape = (5, 32, ho, wo, 3, 3, 2, 2, 0, 0, 1)
+    pho, pwo = _C.pool2d_output_size(pshape)
+    want = np.empty((5, 32, pho, pwo), np.float32)
+    _C.conv2d_forward_pooled(shape, x.ravel(), wt.ravel(), bias, True, pshape, pool == "avg",
+                             True, want.ravel())
+    py = gpu.empty(want.shape)
+    args = (shape, gpu.up(x), gpu.up(wt), gpu.up(bias), True, pshape, pool == "avg", True, py)
+    with pytest.raises(ValueError, match="workspace has 0 bytes, needs"):
+        cuda.conv2d_forward_pooled(*args)
+    run(cuda.conv2d_forward_pooled, *args,
+        *gpu.ws(cuda.conv2d_pooled_workspace_size(shape, pshape)))
+    check(gpu.down(py, want.shape), want, "conv", "pooled y")
+
+
 @pytest.mark.parametrize("case", POOL_SHAPES)
 def test_avg_pool2d(gpu, rng, case):
     shape, (ho, wo), kw = pool_case(*case)

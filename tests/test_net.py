@@ -177,9 +177,11 @@ def test_inference_fusion_finds_conv_bn_relu_chains():
     assert g["layer1.0.conv2"] == ["layer1.0.bn2"]  # then the add: the ReLU reads the sum
     assert g["layer2.0.downsample.0"] == ["layer2.0.downsample.1"]
     assert len(g) == 21  # every convolution
-    # conv1 feeds a pool; conv2 and conv3 a ReLU
+    # poolings too, and a ReLU after a pooling
     assert inference_fusion(models.build("cifar10_quick", seed=None)) == {
-        "conv2": ["relu2"], "conv3": ["relu3"]}
+        "conv1": ["pool1", "relu1"], "conv2": ["relu2", "pool2"], "conv3": ["relu3", "pool3"]}
+    g = inference_fusion(models.build("vgg11_bn", seed=None))
+    assert g["conv1"] == ["bn1", "relu1", "pool1"] and g["conv3"] == ["bn3", "relu3"]
     # an output read twice exists: nothing after it is absorbed
     net = Net((2, 6, 6))
     net.add("conv", nn.Conv2d(out_channels=3, padding=1))
@@ -189,10 +191,11 @@ def test_inference_fusion_finds_conv_bn_relu_chains():
     assert inference_fusion(net) == {"conv": ["bn"]}
 
 
-@pytest.mark.parametrize("name", ["resnet20", "cifar10_quick"])
+@pytest.mark.parametrize("name", ["resnet20", "cifar10_quick", "vgg11_bn", "lenet"])
 def test_predict_folds_batchnorm_and_fuses_relu(name, rng):
-    """Evaluation with BatchNorm folded into the convolutions and ReLU in their epilogue
-    gives the unfused logits within float32 rounding (bit for bit without a fold)."""
+    """Evaluation with BatchNorm folded into the convolutions, ReLU in their epilogue and
+    the poolings in their calls gives the unfused logits within float32 rounding (bit for
+    bit without a fold)."""
     net = models.build(name, seed=1)
     for k, b in net.buffers().items():  # statistics far from the identity
         if k.endswith("running_mean"):
@@ -207,7 +210,7 @@ def test_predict_folds_batchnorm_and_fuses_relu(name, rng):
     assert fused.inference_groups == inference_fusion(net)
     plain = Executor(net, batch_size=3, fuse_inference=False).predict(x)
     got = fused.predict(x)
-    if name == "cifar10_quick":
+    if name in ("cifar10_quick", "lenet"):
         np.testing.assert_array_equal(got, plain)
     else:
         assert np.abs(got - plain).max() <= 1e-5 * np.abs(plain).max()

@@ -6,6 +6,7 @@ import pytest
 import minidl
 from minidl import _C, ops
 
+from conftest import SIMD_LEVELS
 from helpers import assert_close, f32
 import reference as ref
 
@@ -302,17 +303,22 @@ def test_max_pool_padding_never_wins(simd, rng):
 
 
 @pytest.mark.skipif(minidl.cpu_simd() == "scalar", reason="needs AVX2")
+@pytest.mark.parametrize("nan", [True, False], ids=["nan", "no-nan"])
 @pytest.mark.parametrize("case", CASES[2:], ids=_case_id)
-def test_max_pool_scalar_and_avx2_bit_identical(rng, case):
+def test_max_pool_simd_levels_bit_identical(rng, case, nan):
+    """Every SIMD level gives the reference's bits, with ties (-0.0 among them) and,
+    with or without NaNs (the AVX-512 kernel hands a plane with one to the AVX2 one)."""
     n, c, h, w, k, s, p, ceil = case
     x = f32(rng, n, c, h, w)
-    x[rng.random(x.shape) < 0.02] = np.nan
+    if nan:
+        x[rng.random(x.shape) < 0.02] = np.nan
     x[rng.random(x.shape) < 0.2] = 0.5                    # ties
     x[rng.random(x.shape) < 0.05] = -0.0
+    x[rng.random(x.shape) < 0.05] = 0.0
     dy = None
     out = []
     try:
-        for level in ("scalar", "avx2"):
+        for level in SIMD_LEVELS:
             minidl.set_simd(level)
             y = ops.max_pool2d(x, k, **_kw(case))
             if dy is None:
@@ -320,9 +326,10 @@ def test_max_pool_scalar_and_avx2_bit_identical(rng, case):
             out.append((y, ops.max_pool2d_backward(x, dy, k, **_kw(case))))
     finally:
         minidl.set_simd(minidl.cpu_simd())
-    (y0, dx0), (y1, dx1) = out
-    np.testing.assert_array_equal(_bits(y0), _bits(y1))
-    np.testing.assert_array_equal(_bits(dx0), _bits(dx1))
+    y0, dx0 = out[0]
+    for y1, dx1 in out[1:]:
+        np.testing.assert_array_equal(_bits(y0), _bits(y1))
+        np.testing.assert_array_equal(_bits(dx0), _bits(dx1))
 
 
 # ---- average pooling --------------------------------------------------------------

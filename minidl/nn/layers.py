@@ -248,17 +248,26 @@ class Conv2d(Layer):
                                      relu="applies-relu" in tags, stats="stats" in tags, **m)
         return y, xs[0], (s1, s2) if s1 is not None else None
 
-    def forward_folded(self, x, scale=None, shift=None, relu: bool = False):
+    def forward_folded(self, x, scale=None, shift=None, relu: bool = False, pool=None,
+                       pool_relu: bool = False):
         """Evaluation-mode forward (host arrays) with a per-channel affine map y * scale
         + shift folded into the weights and bias (a following BatchNorm's,
         BatchNorm2d.folding) and ReLU applied by the convolution's epilogue: one pass
-        over the output instead of up to three."""
+        over the output instead of up to three.  pool: a MaxPool2d or AvgPool2d that
+        pools the output in the same call (ops.conv2d_pooled), then a ReLU when
+        pool_relu."""
         w, b = self.params["weight"].data, self.params.get("bias")
         b = None if b is None else b.data
         if scale is not None:
             w = (w * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
             b = ((0.0 if b is None else b) * scale + shift).astype(np.float32)
-        return ops.conv2d(x, w, b, stride=self.stride, padding=self.padding, relu=relu)
+        if pool is None:
+            return ops.conv2d(x, w, b, stride=self.stride, padding=self.padding, relu=relu)
+        return ops.conv2d_pooled(x, w, b, stride=self.stride, padding=self.padding, relu=relu,
+                                 pool="max" if isinstance(pool, MaxPool2d) else "avg",
+                                 kernel_size=pool.kernel_size, pool_stride=pool.stride,
+                                 pool_padding=pool.padding, ceil_mode=pool.ceil_mode,
+                                 pool_relu=pool_relu)
 
     def backward(self, dy, saved, need_dx=True, add_dx_to=None):
         """add_dx_to: an existing gradient of the input, which dx is added to in place

@@ -350,24 +350,30 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
 def inference_fusion(net: Net) -> Dict[str, List[str]]:
     """The layers each convolution absorbs in evaluation mode, by node name: a
     BatchNorm2d right after it (folded into its weights and bias), then a ReLU
-    (applied by its epilogue), or a ReLU alone.  A layer is absorbed only when it is
-    the sole reader of the one before it, whose output then never exists."""
+    (applied by its epilogue), or a ReLU alone; then a MaxPool2d or AvgPool2d (each
+    image's output pooled while it is in the cache, minidl.ops.conv2d_pooled), then a
+    ReLU after the pooling.  A layer is absorbed only when it is the sole reader of the
+    one before it, whose output then never exists."""
     readers = _readers(net)
 
-    def only_reader(k: str, kind: str):
-        return _sole_reader(net, readers, k, kind)
+    def take(chain: List[str], *kinds: str) -> bool:
+        """Appends the sole reader of chain's last node if it is of one of kinds."""
+        r = next((r for r in (_sole_reader(net, readers, chain[-1], kind) for kind in kinds)
+                  if r is not None), None)
+        if r is not None:
+            chain.append(r)
+        return r is not None
 
     groups = {}
     for k, n in net.layers():
         if type(n.layer).__name__ != "Conv2d":
             continue
-        chain = []
-        bn = only_reader(k, "BatchNorm2d")
-        if bn is not None:
-            chain.append(bn)
-        relu = only_reader(chain[-1] if chain else k, "ReLU")
-        if relu is not None:
-            chain.append(relu)
+        chain = [k]
+        take(chain, "BatchNorm2d")
+        take(chain, "ReLU")
+        if take(chain, "MaxPool2d", "AvgPool2d"):
+            take(chain, "ReLU")
+        chain = chain[1:]
         if chain:
             groups[k] = chain
     return groups

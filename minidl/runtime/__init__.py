@@ -271,7 +271,10 @@ class Executor:
         scale = shift = None
         if kinds[0] == "BatchNorm2d":
             scale, shift = nodes[chain[0]].layer.folding()
-        return nodes[conv].layer.forward_folded(x, scale, shift, relu=kinds[-1] == "ReLU")
+        at = next((i for i, k in enumerate(kinds) if k.endswith("Pool2d")), len(kinds))
+        pool = nodes[chain[at]].layer if at < len(kinds) else None
+        return nodes[conv].layer.forward_folded(x, scale, shift, relu="ReLU" in kinds[:at],
+                                                pool=pool, pool_relu=at + 1 < len(kinds))
 
     @staticmethod
     def _sole_holder(grads, x, dy) -> bool:

@@ -106,6 +106,21 @@ static void test_conv(const char *level)
     st = mdl_conv2d_forward(&s, x, w, bias, y, ws, ws_bytes);
     EXPECT(st == MDL_OK, "[%s] conv forward: %s", level, mdl_last_error());
     EXPECT(max_rel_err(y, ry, ny) < 1e-5, "[%s] conv forward error %g", level, max_rel_err(y, ry, ny));
+    /* the convolution and its pooling in one call: the two calls' values, bit for bit */
+    const mdl_pool2d_shape ps = {.n = 2, .c = 5, .h = ho, .w = wo, .kh = 2, .kw = 3,
+                                 .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1,
+                                 .ceil_mode = 1};
+    int64_t pho = 0, pwo = 0;
+    mdl_pool2d_output_size(&ps, &pho, &pwo);
+    const size_t np_ = (size_t)(2 * 5 * pho * pwo);
+    float *py = malloc(np_ * sizeof *py), *py2 = malloc(np_ * sizeof *py2);
+    mdl_max_pool2d_forward(&ps, y, py2);
+    size_t pws_bytes = mdl_conv2d_pooled_workspace_size(&s, &ps);
+    void *pws = malloc(pws_bytes ? pws_bytes : 1);
+    st = mdl_conv2d_forward_pooled(&s, x, w, bias, 0, &ps, MDL_POOL_MAX, 0, py, pws, pws_bytes);
+    EXPECT(st == MDL_OK && memcmp(py, py2, np_ * sizeof *py) == 0, "[%s] conv pooled: %s", level,
+           st == MDL_OK ? "values differ" : mdl_last_error());
+    free(pws); free(py); free(py2);
     st = mdl_conv2d_backward_data(&s, dy, w, dx, ws, ws_bytes);
     EXPECT(st == MDL_OK, "[%s] conv backward data: %s", level, mdl_last_error());
     EXPECT(max_rel_err(dx, rdx, nx) < 1e-5, "[%s] conv dx error %g", level, max_rel_err(dx, rdx, nx));
