@@ -77,12 +77,24 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 #define PHASE_LINE 1024 /* floats: rows up to this wide (padded) take the vector path */
 
 /* d[0, w) = src[0, w) read through the map g (a copy when there is no map) */
+/* d[0, n) = src[0, n), inline: the rows here are short, and a libc call per row cost
+ * more than the copy (bench/NOTES.md) */
+static inline void copy_row(float *d, const float *src, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(d + k, _mm256_loadu_ps(src + k));
+    if (k < n) {
+        const __m256i m = mdl_lane_mask(0, n - k);
+        _mm256_maskstore_ps(d + k, m, _mm256_maskload_ps(src + k, m));
+    }
+}
+
 static inline void affine_row(float *d, const float *src, int64_t w, int mapped, mdl_affine_ch g)
 {
     if (mapped)
         mdl_affine_row8(src, w, g, d);
     else
-        memcpy(d, src, (size_t)w * sizeof(float));
+        copy_row(d, src, w);
 }
 
 void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq)
@@ -122,11 +134,12 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
 {
     const int64_t sh = s->stride_h, sw = s->stride_w, plane = rows * cols;
     /* stride 1: the rows copied into place; stride 2: each input row once into a zero-padded
-     * line, its even and odd columns split by whole vectors into `out`, then copied
-     * to the planes; other strides element by element */
+     * line, its even and odd columns split by whole vectors and stored into the planes
+     * (the last vector masked); other strides element by element */
     const int64_t vcols = (cols + 7) / 8 * 8;
     const int line_path = sw == 2 && 2 * vcols + 16 <= PHASE_LINE;
-    float line[PHASE_LINE] __attribute__((aligned(32))), out[PHASE_LINE / 2];
+    const __m256i tail = mdl_lane_mask(0, cols - (vcols - 8));
+    float line[PHASE_LINE] __attribute__((aligned(32)));
     if (line_path) memset(line, 0, sizeof line);
     memset(xp, 0, (size_t)(s->c_in * nr * nq * plane) * sizeof(float)); /* the padding */
     for (int64_t ci = 0; ci < s->c_in; ci++) {
@@ -144,13 +157,13 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                 if (line_path) {
                     /* line[p] = padded column p; only [pad_w, pad_w + w) is ever non-zero */
                     affine_row(line + s->pad_w, src, s->w, in != NULL, g);
-                    for (int64_t q = 0; q < nq; q++) {
-                        for (int64_t c = 0; c < vcols; c += 8)
-                            _mm256_storeu_ps(out + c, mdl_even_lanes(
-                                _mm256_loadu_ps(line + 2 * c + q),
-                                _mm256_loadu_ps(line + 2 * c + q + 8)));
-                        memcpy(d + q * plane, out, (size_t)cols * sizeof(float));
-                    }
+                    for (int64_t q = 0; q < nq; q++)
+                        for (int64_t c = 0; c < vcols; c += 8) {
+                            const __m256 v = mdl_even_lanes(_mm256_loadu_ps(line + 2 * c + q),
+                                                            _mm256_loadu_ps(line + 2 * c + q + 8));
+                            if (c + 8 <= cols) _mm256_storeu_ps(d + q * plane + c, v);
+                            else _mm256_maskstore_ps(d + q * plane + c, tail, v);
+                        }
                     continue;
                 }
                 for (int64_t q = 0; q < nq; q++)
