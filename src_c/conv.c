@@ -161,6 +161,15 @@ static size_t phase_floats(const mdl_conv2d_shape *s)
 /* the weight gradient as dot products over phase planes (mdl_conv_weights_dot_avx2),
  * of enough images at a time that the accumulators sum about 512 pixels */
 #define DOT_IMAGES(P) ((P) >= 512 ? 1 : (512 + (P) - 1) / (P))
+/* the im2col paths (forward and weight gradient) of small images: enough images side by
+ * side in one column matrix that the GEMM has about GROUP_COLUMNS columns (one image
+ * of 2x2 or 4x4 gave the GEMM 4 or 16, and the weight gradient a pass over its whole
+ * partial dw per image); not for a pointwise kernel, which reads the image in place */
+#define GROUP_COLUMNS 32
+static int64_t im2col_group(int64_t P, int pointwise)
+{
+    return pointwise || P >= GROUP_COLUMNS ? 1 : (GROUP_COLUMNS + P - 1) / P;
+}
 static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
 {
     return wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
@@ -205,6 +214,7 @@ typedef struct conv_geom {
     size_t pool_floats;  /* the pooled forward's buffer for a call's outputs, the thread's last */
     size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
+
 
 /* the per-image channel sums of the forward, (n, 2, c_out) doubles, in floats */
 #define SUMS_FLOATS(s) FLOATS(4 * (size_t)((s)->n * (s)->c_out))
@@ -264,22 +274,30 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     /* and, last, the image read through an input map (mdl_conv2d_forward_fused) for the
      * paths that read it other than through the phase planes */
     const size_t img = FLOATS(s->c_in * s->h * s->w);
-    size_t per_f = max_size((in_f ? phase_floats(s) : FLOATS(g->pointwise ? 0 : g->K * g->P) + img) +
-                            FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
+    const int64_t gp = im2col_group(g->P, g->pointwise) * g->P; /* a group's columns */
+    const int64_t gpt = im2col_group(s->h * s->w, g->pointwise) * s->h * s->w; /* t's */
+    size_t per_f = max_size((in_f ? phase_floats(s)
+                                  : FLOATS(g->pointwise ? 0 : g->K * gp) + img +
+                                        (gp > g->P ? FLOATS(s->c_out * gp) : 0)) +
+                                FLOATS(mdl_sgemm_avx2_packed_b_floats(g->K)),
                             winograd_thread(s, g->ho, g->wo) + img);
     size_t per_d = g->direct_data
-                       ? max_size((in_d ? phase_floats(&t) : FLOATS(g->pointwise ? 0 : Kt * s->h * s->w)) +
-                                  FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
+                       ? max_size((in_d ? phase_floats(&t)
+                                        : FLOATS(g->pointwise ? 0 : Kt * gpt) +
+                                              (gpt > s->h * s->w ? FLOATS(s->c_in * gpt) : 0)) +
+                                      FLOATS(mdl_sgemm_avx2_packed_b_floats(Kt)),
                                   winograd_thread(&t, s->h, s->w))
                        : 0;
     /* backward-weights, per thread: a partial dw, then the padded images and their
-     * row offsets (dot products) or a column matrix, packed dy and a packed B panel */
+     * row offsets (dot products) or a group's column matrix, packed dy and a packed B
+     * panel (and the group's dy side by side) */
     size_t per_w = FLOATS((size_t)(s->c_out * g->K)) +
                    (weights_dot(s, g->wo)
                         ? DOT_IMAGES(g->P) * phase_floats(s) + TABLE_FLOATS(g->K)
-                        : FLOATS(g->pointwise ? 0 : (size_t)(g->K * g->P)) +
-                              FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, g->P)) +
-                              FLOATS(mdl_sgemm_avx2_packed_b_floats(g->P)) + img);
+                        : FLOATS(g->pointwise ? 0 : (size_t)(g->K * gp)) +
+                              FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, gp)) +
+                              FLOATS(mdl_sgemm_avx2_packed_b_floats(gp)) +
+                              (gp > g->P ? FLOATS(s->c_out * gp) : 0) + img);
 #if MDL_X86
     /* or Winograd's partial dU and buffers */
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
@@ -299,8 +317,8 @@ typedef struct pooling {
 } pooling;
 
 /* geometry, then the pooling's, whose input must be the convolution's output, and
- * per thread a buffer for the output of the images one call convolves (Winograd's
- * group, or one) */
+ * per thread a buffer for the output of the images one call convolves (Winograd's or
+ * im2col's group) */
 static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
                                   const mdl_pool2d_shape *pool, conv_geom *g, mdl_pool_geom *pg)
 {
@@ -313,10 +331,10 @@ static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
               (long long)pool->h, (long long)pool->w, (long long)s->n, (long long)s->c_out,
               (long long)g->ho, (long long)g->wo);
     if ((st = mdl_pool_geometry(fn, pool, pg)) != MDL_OK) return st;
-    int64_t group = 1;
+    int64_t group = im2col_group(g->P, g->pointwise);
 #if MDL_X86
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
-        group = mdl_winograd_avx512_group(s, g->ho, g->wo);
+        group = max_size(group, mdl_winograd_avx512_group(s, g->ho, g->wo));
 #endif
     g->pool_floats = FLOATS(group * s->c_out * g->P);
     g->per_thread += g->pool_floats * sizeof(float);
@@ -556,6 +574,22 @@ static const float *input_image(const mdl_conv2d_shape *s, const float *x, int64
 #endif
 }
 
+/* y (c_out, P) = out (c_out rows of stride ld) + beta * y + bias, then max(., 0) when
+ * relu: the GEMM epilogue's arithmetic, for an image of a group */
+static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const float *bias,
+                   int relu, float beta, float *y)
+{
+    for (int64_t co = 0; co < c_out; co++) {
+        const float b = bias ? bias[co] : 0.0f;
+        for (int64_t p = 0; p < P; p++) {
+            float v = out[co * ld + p];
+            if (beta != 0.0f) v += beta * y[co * P + p]; /* y is not read otherwise */
+            if (bias) v += b;
+            y[co * P + p] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        }
+    }
+}
+
 /* The weights w (c_out, K) packed for per_image: for Winograd; for B's rows read in
  * place by AVX-512 tiles of 16 output channels (where the CPU has AVX-512F, the
  * condition per_image tests); or as the AVX2 GEMM's A operand */
@@ -578,8 +612,10 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
  * (none for a pointwise kernel: x[b] is its own column matrix) and packed B panel,
  * so nothing is shared while they run and the result does not depend on the thread
  * count.  Per-image channel sums go to sums (n, 2, c_out) and are added up over the
- * images in order by the caller.  With the pooling pl (not NULL), each call's output
- * goes to the thread's buffer and y gets its pooling. */
+ * images in order by the caller.  Small images on the im2col path go in groups
+ * (im2col_group): their column matrices side by side, one GEMM into a buffer, then
+ * each image's share spread to y with the epilogue.  With the pooling pl (not NULL),
+ * each call's output goes to the thread's buffer and y gets its pooling. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                       const mdl_affine *in, int wino, const float *pa, const float *bias,
                       int relu, double *sums, const pooling *pl, float beta, float *y, float *ws,
@@ -596,18 +632,21 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
      * for a pointwise kernel), then a packed B panel; or Winograd's buffers */
     const int in_place = !wino && rows_in_place(s, g->ho, g->wo);
     const int avx512 = in_place && mdl_use_avx512(); /* weights packed for it (pack_weights) */
-    const size_t col_floats = in_place ? phase_floats(s) : FLOATS(g->pointwise ? 0 : K * P);
+    const int64_t igroup = in_place || wino ? 1 : im2col_group(g->P, g->pointwise);
+    const size_t col_floats = in_place ? phase_floats(s) : FLOATS(g->pointwise ? 0 : K * P * igroup);
+    const size_t out_floats = igroup > 1 ? FLOATS(c_out * P * igroup) : 0;
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
     const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo) : 1;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
-        float *col = thread_ws + t * (g->per_thread / sizeof(float)), *bbuf = col + col_floats;
-        float *end = col + (g->per_thread / sizeof(float) - g->pool_floats);
+        float *col = thread_ws + t * (g->per_thread / sizeof(float)), *obuf = col + col_floats;
+        float *bbuf = obuf + out_floats, *end = col + (g->per_thread / sizeof(float) - g->pool_floats);
         const int64_t b1 = s->n * (t + 1) / nt;
-        /* the output of images [b, b + count) (before pooling) and then its pooling */
-#define OUT(b) (pl ? end : y + (b) * c_out * P)
+        /* the output of image b + q of a call (before pooling), and the call's pooling */
+#define OUT2(b, q) (pl ? end + (q) * c_out * P : y + ((b) + (q)) * c_out * P)
+#define OUT(b) OUT2(b, 0)
 #define POOL(b, count)                                                                   \
     if (pl) mdl_pool_planes(&pl->g, pl->avg, pl->relu, (count) * c_out, end,            \
                             y + (b) * c_out * pl->g.ho * pl->g.wo)
@@ -618,7 +657,22 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                                        beta != 0.0f, OUT(b), col);
             POOL(b, count);
         }
-        for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS; b++) {
+        for (int64_t b = s->n * t / nt; b < b1 && igroup > 1; b += igroup) {
+            const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
+            for (int64_t q = 0; q < nb; q++)
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
+                                     col + q * P, gp, 0, K);
+            mdl_sgemm_avx2_packed(0, c_out, gp, K, pa, col, gp, 0.0f, obuf, gp, NULL, bbuf);
+            for (int64_t q = 0; q < nb; q++) {
+                spread(c_out, P, gp, obuf + q * P, bias, relu, beta, OUT2(b, q));
+                if (!sums) continue;
+                double *sb = sums + (b + q) * 2 * c_out;
+                for (int64_t c = 0; c < 2 * c_out; c++) sb[c] = 0.0;
+                mdl_conv_row_sums_avx2(c_out, P, OUT2(b, q), sb, sb + c_out);
+            }
+            POOL(b, nb);
+        }
+        for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS && igroup == 1; b++) {
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
@@ -656,6 +710,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             }
             POOL(b, 1);
         }
+#undef OUT2
 #undef OUT
 #undef POOL
     }
@@ -712,10 +767,11 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     if (nt > s->n) nt = (int)s->n;
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
-    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P);
-    const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P));
-    const size_t stride = g->per_thread / sizeof(float);
     const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
+    const int64_t igroup = dot ? 1 : im2col_group(g->P, g->pointwise);
+    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P * igroup);
+    const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P * igroup));
+    const size_t stride = g->per_thread / sizeof(float);
     const int64_t wp = phases_of(s).cols;
     if (use_winograd(s, g->wo) == WINO_CHANNELS) {
         weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt);
@@ -729,6 +785,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
          * image and its row offsets */
         float *part = ws + t * stride, *col = part + FLOATS(c_out * K), *end = ws + (t + 1) * stride;
         float *pa = col + col_floats, *bbuf = pa + pa_floats;
+        float *dyg = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(P * igroup)); /* a group's dy */
         float *xp = col;
         const int64_t group = DOT_IMAGES(P);
         int64_t *off = (int64_t *)(xp + group * phase_floats(s));
@@ -742,6 +799,21 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
                 (avx512 ? mdl_conv_weights_dot_avx512 : mdl_conv_weights_dot_avx2)(
                     c_out, K, g->ho, g->wo, wp, nb, phase_floats(s), dy + b * c_out * P, xp, off,
                     b == b0, part);
+                b += nb - 1;
+                continue;
+            }
+            if (igroup > 1) { /* the group's column matrices and dy side by side */
+                const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
+                for (int64_t q = 0; q < nb; q++) {
+                    mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
+                                         col + q * P, gp, 0, K);
+                    for (int64_t co = 0; co < c_out; co++)
+                        memcpy(dyg + co * gp + q * P, dy + ((b + q) * c_out + co) * P,
+                               (size_t)P * sizeof(float));
+                }
+                mdl_sgemm_avx2_pack_a(0, c_out, gp, 1.0f, dyg, gp, pa);
+                mdl_sgemm_avx2_packed(1, c_out, K, gp, pa, col, gp, b > b0 ? 1.0f : 0.0f, part,
+                                      K, NULL, bbuf);
                 b += nb - 1;
                 continue;
             }

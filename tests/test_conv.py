@@ -46,12 +46,16 @@ CASES = [
     (2, 6, 32, 31, 5, 1, 1, 2, 0),            # 1x1: one plane of the four
     (1, 3, 10, 46, 4, 2, 2, 3, 1),            # stride larger than the kernel
     (1, 4, 9, 18, 3, 3, 3, (2, 1), 0),        # strides (2, 1): two planes
+    # small images on the im2col path go in groups side by side (im2col_group)
+    (5, 24, 2, 2, 20, 3, 3, 1, 1),            # 2x2, as VGG's last layers: 8 to a group
+    (9, 16, 4, 4, 8, 3, 3, 1, 1),             # 4x4: 2 to a group, one left over
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
     (4, 3, 32, 32, 8, 3, 3, 2, 1),
     (2, 24, 16, 16, 24, 1, 1, 1, 0),
     (11, 32, 16, 16, 32, 5, 5, 1, 2),         # the fast path's chunks: 9 images, then 2
+    (7, 32, 2, 2, 24, 3, 3, 1, 1),            # 2x2 images in groups, split over threads
 ]
 
 
@@ -248,7 +252,8 @@ def test_nan_flows_to_the_output(simd, rng):
 
 # ---- the C binding: accumulate, overwrite, workspace ---------------------------------
 
-ACC_CASES = [(3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
+ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 images in groups
+             (3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
              # Winograd by default with AVX-512 (winograd_avx512.c), its dw included
              (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2)]
 
@@ -321,6 +326,7 @@ POOLED = [
     (CASES[0], "max", (2, 3), (1, 2), (1, 1), True, True, True),          # im2col, odd sizes
     (CASES[2], "avg", 2, 1, 1, False, False, True),                        # pointwise
     ((2, 5, 16, 16, 6, 3, 3, 2, 1), "max", 3, 1, 1, False, False, False),  # strided, in place
+    ((5, 8, 4, 4, 12, 3, 3, 1, 1), "max", 2, 2, 0, False, True, True),     # images in groups
 ]
 
 
