@@ -12,8 +12,9 @@
  *    reads for an output row are contiguous), in tiles of 16 channels x 16 pixels
  *    where the CPU has AVX-512F (6 x 16 with AVX2); otherwise the image's column
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
- *    stride 1 and no padding).  Winograd (winograd_avx512.c, winograd_avx2.c)
- *    replaces the GEMM where use_winograd says.  Forward: y[b] = W @ col(x[b]),
+ *    stride 1 and no padding; images under GROUP_COLUMNS pixels go several to a
+ *    GEMM, their column matrices side by side).  Winograd (winograd_avx512.c,
+ *    winograd_avx2.c) replaces the GEMM where use_winograd says.  Forward: y[b] = W @ col(x[b]),
  *    with bias and ReLU applied by the GEMM's epilogue while each tile is in
  *    registers, and the channel sums taken by it or, on the in-place path, from
  *    each image's output while it is in the cache.  The fused forward and weight

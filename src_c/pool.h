@@ -18,7 +18,7 @@ typedef struct mdl_pool_geom {
 /* The shape check (mdl_pool2d_check_shape) and the geometry of one plane. */
 mdl_status mdl_pool_geometry(const char *fn, const mdl_pool2d_shape *s, mdl_pool_geom *g);
 /* y (planes, ho, wo) = the max (or average: avg) pooling of x (planes, h, w), then
- * max(y, 0) when relu; in the calling thread, AVX2 where selected. */
+ * max(y, 0) when relu; in the calling thread, by the kernels the SIMD level selects. */
 void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, const float *x,
                      float *y);
 

@@ -4,16 +4,17 @@
  * Separable, rows first: each input row's window maxima along the row are taken for 16
  * output columns at a time, tap kx being one load (stride 1) or two loads and a
  * permutation of their even lanes (stride 2), with -inf outside the row (masked loads
- * at its ends); each output row is then the maximum,
- * in row order, of the rows of its window, which a ring of kh row results holds
- * (each input row is reduced once, however many windows share it).  Windows of up to
- * KH_MAX rows that overlap, rows of up to OUT_MAX outputs (mdl_max_pool_avx512_applies).
+ * at its ends); each output row is then the maximum, in row order, of the rows of its
+ * window, which a ring of kh row results holds (each input row is reduced once, however
+ * many windows share it).  Windows of up to KH_MAX rows that overlap, rows of up to
+ * OUT_MAX outputs (mdl_max_pool_avx512_applies).
  *
  * The running maximum is max_ps(v, m) = v > m ? v : m: the reference's rule (a later
  * element wins only when greater) and, rows first, the same winner as its row-major
  * scan: the first maximum of the first row that holds the window's maximum.  It does
- * not keep a NaN as the reference does, so the inputs are also summed, and a plane whose sum is not finite (a NaN, or infinities) is pooled again by the AVX2
- * kernel, which follows the reference to the bit. */
+ * not keep a NaN as the reference does, so the inputs are also summed, and a plane
+ * whose sum is not finite (a NaN, or infinities) is pooled again by the AVX2 kernel,
+ * which follows the reference to the bit. */
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
@@ -25,7 +26,7 @@
 #define KW_MAX 8    /* window columns */
 
 /* Where windows share rows (kh > sh), which is what this kernel saves: on 2x2 / 2
- * windows it ran at 0.7-0.8x of the AVX2 kernel, on 3x3 / 2 and 3x3 / 1 at 1.4-4.5x
+ * windows it ran at 0.7-0.9x of the AVX2 kernel, on 3x3 / 2 and 3x3 / 1 at 1.4-6.8x
  * (bench/NOTES.md) */
 int mdl_max_pool_avx512_applies(const mdl_pool_geom *g)
 {
