@@ -176,6 +176,15 @@ static plane_fn max_plane_kernel(const mdl_pool_geom *g)
                                                                : mdl_max_pool_plane_avx2;
 }
 
+/* the same for max pooling with taps */
+typedef void (*tap_plane_fn)(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap);
+static tap_plane_fn max_tap_plane_kernel(const mdl_pool_geom *g)
+{
+    if (!mdl_use_avx2() || !g->vec_ok) return mdl_max_pool_tap_plane_scalar;
+    return mdl_use_avx512() && mdl_max_pool_avx512_applies(g) ? mdl_max_pool_tap_plane_avx512
+                                                               : mdl_max_pool_tap_plane_avx2;
+}
+
 void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, const float *x,
                      float *y)
 {
@@ -228,6 +237,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     const int avx2 = mdl_use_avx2() && g.vec_ok;
     const plane_fn max_plane = max_plane_kernel(&g);
+    const tap_plane_fn max_tap_plane = max_tap_plane_kernel(&g);
     int nt = mdl_threads_for((double)planes * ((double)ohw * (double)(g.kh * g.kw) +
                                                (back ? (double)hw : 0.0)));
     float *planebuf = NULL;
@@ -256,8 +266,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
                 xp = mine;
             }
             if (tap) {
-                if (avx2) mdl_max_pool_tap_plane_avx2(&g, xp, out + p * ohw, tap + p * ohw);
-                else mdl_max_pool_tap_plane_scalar(&g, xp, out + p * ohw, tap + p * ohw);
+                max_tap_plane(&g, xp, out + p * ohw, tap + p * ohw);
             } else if (!back) {
                 max_plane(&g, xp, out + p * ohw);
             } else if (avx2) {

@@ -95,6 +95,8 @@ void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
  * along the row, windows of 2 to 8 rows that overlap, rows of up to 256 outputs) */
 int mdl_max_pool_avx512_applies(const mdl_pool_geom *g);
 void mdl_max_pool_plane_avx512(const mdl_pool_geom *g, const float *x, float *y);
+void mdl_max_pool_tap_plane_avx512(const mdl_pool_geom *g, const float *x, float *y,
+                                   uint8_t *tap);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_max_pool_plane_avx2 mdl_max_pool_plane_scalar
 #  define mdl_max_pool_back_plane_avx2 mdl_max_pool_back_plane_scalar
@@ -105,5 +107,6 @@ void mdl_max_pool_plane_avx512(const mdl_pool_geom *g, const float *x, float *y)
 #  define mdl_global_avg_back_avx2 mdl_global_avg_back_scalar
 #  define mdl_max_pool_avx512_applies(g) 0
 #  define mdl_max_pool_plane_avx512 mdl_max_pool_plane_scalar
+#  define mdl_max_pool_tap_plane_avx512 mdl_max_pool_tap_plane_scalar
 #endif
 #endif

@@ -14,11 +14,13 @@
  * scan: the first maximum of the first row that holds the window's maximum.  It does
  * not keep a NaN as the reference does, so the inputs are also summed, and a plane
  * whose sum is not finite (a NaN, or infinities) is pooled again by the AVX2 kernel,
- * which follows the reference to the bit. */
+ * which follows the reference to the bit.  The taps' version (the winner's position in
+ * its window) takes the same winners by compare and masked moves. */
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 #include "pool.h"
 
 #define OUT_MAX 256 /* output columns */
@@ -42,12 +44,15 @@ static __mmask16 in_row(int64_t c, int64_t w)
 }
 
 /* hrow[ow] (ow < wo rounded up to 16) = max over kx of row xr's column ow * S - pw + kx,
- * -inf outside the row: tap kx of output group o loads the 16 columns from
- * o * S - pw + kx (and for S = 2 the next 16) with the lanes mask[o / 16][kx][0 (, 1)] */
+ * -inf outside the row, and with TAPS hkx[ow] = its kx: tap kx of output group o loads
+ * the 16 columns from o * S - pw + kx (and for S = 2 the next 16) with the lanes
+ * mask[o / 16][kx][0 (, 1)] */
 static inline __attribute__((always_inline)) void row_maxima(const int S, const int64_t KW,
+                                                             const int TAPS,
                                                              const mdl_pool_geom *g,
                                                              const __mmask16 (*mask)[KW_MAX][2],
-                                                             const float *xr, float *hrow)
+                                                             const float *xr, float *hrow,
+                                                             int32_t *hkx)
 {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
@@ -58,17 +63,30 @@ static inline __attribute__((always_inline)) void row_maxima(const int S, const 
                         : _mm512_permutex2var_ps(_mm512_mask_loadu_ps(ninf, k[kx][0], p + (kx)), even, \
                                                  _mm512_mask_loadu_ps(ninf, k[kx][1], p + (kx) + 16)))
         __m512 m = TAP(0);
-        for (int64_t kx = 1; kx < KW; kx++) m = _mm512_max_ps(TAP(kx), m);
+        __m512i t = _mm512_setzero_si512();
+        for (int64_t kx = 1; kx < KW; kx++) {
+            const __m512 v = TAP(kx);
+            if (TAPS) { /* the same rule, with the winner's kx */
+                const __mmask16 k = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+                m = _mm512_mask_mov_ps(m, k, v);
+                t = _mm512_mask_mov_epi32(t, k, _mm512_set1_epi32((int)kx));
+            } else {
+                m = _mm512_max_ps(v, m);
+            }
+        }
 #undef TAP
         _mm512_storeu_ps(hrow + o, m);
+        if (TAPS) _mm512_storeu_si512(hkx + o, t);
     }
 }
 
 static inline __attribute__((always_inline)) int max_plane(const int S, const int64_t KW,
+                                                           const int TAPS,
                                                            const mdl_pool_geom *g, const float *x,
-                                                           float *y)
+                                                           float *y, uint8_t *tap)
 {
     float ring[KH_MAX][OUT_MAX];
+    int32_t kxs[KH_MAX][OUT_MAX]; /* the winners' kx of the ring's rows (TAPS) */
     __mmask16 mask[OUT_MAX / 16][KW_MAX][2];
     const int64_t w = g->w, wo = g->wo, kh = g->kh;
     for (int64_t o = 0; o < wo; o += 16)
@@ -87,32 +105,59 @@ static inline __attribute__((always_inline)) int max_plane(const int S, const in
             int64_t j = 0;
             for (; j + 16 <= w; j += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(xr + j));
             if (j < w) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps((__mmask16)((1u << (w - j)) - 1), xr + j));
-            row_maxima(S, KW, g, mask, xr, ring[slot]);
+            row_maxima(S, KW, TAPS, g, mask, xr, ring[slot], kxs[slot]);
         }
         /* rows [hs, he) are the last he - hs reduced: hs's place is he - hs before slot */
         const int64_t first = (slot - (he - hs) + kh) % kh;
         float *yrow = y + oh * wo;
+        const int64_t r0 = oh * g->sh - g->ph; /* the window's unclipped first row */
         for (int64_t o = 0; o < wo; o += 16) {
             __m512 m = _mm512_loadu_ps(ring[first] + o);
+            __m512i t = _mm512_setzero_si512();
+            if (TAPS)
+                t = _mm512_add_epi32(_mm512_loadu_si512(kxs[first] + o),
+                                     _mm512_set1_epi32((int)((hs - r0) * g->kw)));
             for (int64_t r = 1, i = first; r < he - hs; r++) {
                 i = i + 1 == kh ? 0 : i + 1;
-                m = _mm512_max_ps(_mm512_loadu_ps(ring[i] + o), m);
+                const __m512 v = _mm512_loadu_ps(ring[i] + o);
+                if (TAPS) {
+                    const __mmask16 k = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+                    m = _mm512_mask_mov_ps(m, k, v);
+                    t = _mm512_mask_mov_epi32(
+                        t, k, _mm512_add_epi32(_mm512_loadu_si512(kxs[i] + o),
+                                               _mm512_set1_epi32((int)((hs + r - r0) * g->kw))));
+                } else {
+                    m = _mm512_max_ps(v, m);
+                }
             }
             if (o + 16 <= wo) _mm512_storeu_ps(yrow + o, m);
             else _mm512_mask_storeu_ps(yrow + o, tail, m);
+            if (TAPS) { /* the taps as bytes (no byte-masked store without AVX-512BW) */
+                uint8_t b[16];
+                _mm_storeu_si128((__m128i *)b, _mm512_cvtepi32_epi8(t));
+                memcpy(tap + oh * wo + o, b, (size_t)(o + 16 <= wo ? 16 : wo - o));
+            }
         }
     }
     return isfinite(_mm512_reduce_add_ps(sum));
 }
 
+/* kw 2 and 3 compiled as constants */
+#define DISPATCH(TAPS)                                                                     \
+    (g->sw == 2 && g->kw == 2   ? max_plane(2, 2, TAPS, g, x, y, tap)                     \
+     : g->sw == 2 && g->kw == 3 ? max_plane(2, 3, TAPS, g, x, y, tap)                     \
+     : g->sw == 2               ? max_plane(2, g->kw, TAPS, g, x, y, tap)                 \
+                                : max_plane(1, g->kw, TAPS, g, x, y, tap))
+
 void mdl_max_pool_plane_avx512(const mdl_pool_geom *g, const float *x, float *y)
 {
-    int finite;
-    if (g->sw == 2 && g->kw == 2) finite = max_plane(2, 2, g, x, y);
-    else if (g->sw == 2 && g->kw == 3) finite = max_plane(2, 3, g, x, y);
-    else if (g->sw == 2) finite = max_plane(2, g->kw, g, x, y);
-    else finite = max_plane(1, g->kw, g, x, y);
-    if (!finite) mdl_max_pool_plane_avx2(g, x, y);
+    uint8_t *tap = NULL;
+    if (!DISPATCH(0)) mdl_max_pool_plane_avx2(g, x, y);
+}
+
+void mdl_max_pool_tap_plane_avx512(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap)
+{
+    if (!DISPATCH(1)) mdl_max_pool_tap_plane_avx2(g, x, y, tap);
 }
 
 #endif
