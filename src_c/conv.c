@@ -805,13 +805,10 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
             }
             if (igroup > 1) { /* the group's column matrices and dy side by side */
                 const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
-                for (int64_t q = 0; q < nb; q++) {
+                for (int64_t q = 0; q < nb; q++)
                     mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
                                          col + q * P, gp, 0, K);
-                    for (int64_t co = 0; co < c_out; co++)
-                        memcpy(dyg + co * gp + q * P, dy + ((b + q) * c_out + co) * P,
-                               (size_t)P * sizeof(float));
-                }
+                chunk_gather(g, c_out, nb, dy + b * c_out * P, dyg); /* one thread here */
                 mdl_sgemm_avx2_pack_a(0, c_out, gp, 1.0f, dyg, gp, pa);
                 mdl_sgemm_avx2_packed(1, c_out, K, gp, pa, col, gp, b > b0 ? 1.0f : 0.0f, part,
                                       K, NULL, bbuf);

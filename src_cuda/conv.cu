@@ -304,7 +304,7 @@ mdl_status mdl_cuda_conv2d_forward_fused(const mdl_conv2d_shape *s, const float 
  * workspace, then the pooling from there into y, then the ReLU.  Its checks and their
  * messages are the C core's. */
 static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
-                                  const mdl_pool2d_shape *pool, size_t *bytes)
+                                  const mdl_pool2d_shape *pool, size_t *bytes, int64_t *pooled)
 {
     int64_t ho, wo, pho, pwo;
     mdl_status st = mdl_conv2d_check_shape(fn, s, &ho, &wo);
@@ -317,6 +317,7 @@ static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
               (long long)ho, (long long)wo);
     if ((st = mdl_pool2d_check_shape(fn, pool, &pho, &pwo)) != MDL_OK) return st;
     *bytes = (size_t)(s->n * s->c_out * ho * wo) * sizeof(float);
+    *pooled = s->n * s->c_out * pho * pwo;
     return MDL_OK;
 }
 
@@ -324,7 +325,8 @@ size_t mdl_cuda_conv2d_pooled_workspace_size(const mdl_conv2d_shape *s,
                                              const mdl_pool2d_shape *pool)
 {
     size_t bytes;
-    return pooled_geometry(__func__, s, pool, &bytes) == MDL_OK ? bytes : 0;
+    int64_t pooled;
+    return pooled_geometry(__func__, s, pool, &bytes, &pooled) == MDL_OK ? bytes : 0;
 }
 
 mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x,
@@ -338,7 +340,8 @@ mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float
               "%s: pool_kind must be MDL_POOL_MAX or MDL_POOL_AVG, got %d", fn, (int)pool_kind);
     MDL_CHECK_PTR(pool);
     size_t need;
-    mdl_status st = pooled_geometry(fn, s, pool, &need);
+    int64_t pooled;
+    mdl_status st = pooled_geometry(fn, s, pool, &need, &pooled);
     if (st != MDL_OK) return st;
     MDL_CHECK_PTR(x);
     MDL_CHECK_PTR(w);
@@ -352,9 +355,7 @@ mdl_status mdl_cuda_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float
     st = pool_kind == MDL_POOL_MAX ? mdl_cuda_max_pool2d_forward(pool, out, y, stream)
                                    : mdl_cuda_avg_pool2d_forward(pool, out, y, stream);
     if (st != MDL_OK || !pool_relu) return st;
-    int64_t pho, pwo;
-    mdl_pool2d_check_shape(fn, pool, &pho, &pwo);
-    return mdl_cuda_relu_forward(pool->n * pool->c * pho * pwo, y, y, stream);
+    return mdl_cuda_relu_forward(pooled, y, y, stream);
 }
 
 /* dx = (or +=, accumulate) conv_transpose(dy, w) */
