@@ -18,7 +18,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 CFLAGS_COMMON := -std=c11 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -Iinclude
 OPT           := -O3
-AVX2_FLAGS    := -mavx2 -mfma -Wa,-mbranches-within-32B-boundaries
+AVX2_FLAGS    := -mavx2 -mfma -fno-tree-loop-distribute-patterns -Wa,-mbranches-within-32B-boundaries
 AVX512_FLAGS  := -mavx512f $(AVX2_FLAGS)
 SAN_FLAGS     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 

@@ -31,8 +31,11 @@ CORE_HEADERS = sorted(glob.glob("src_c/*.h")) + ["include/minidl.h"]
 BASE_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
               "-Wno-unused-parameter"]
 # -Wa,-mbranches-within-32B-boundaries keeps hot loops clear of the JCC-erratum
-# slowdown on Skylake-derived CPUs (GNU as).
-AVX2_FLAGS = ["-mavx2", "-mfma", "-Wa,-mbranches-within-32B-boundaries"]
+# slowdown on Skylake-derived CPUs (GNU as).  -fno-tree-loop-distribute-patterns:
+# the kernels' short row copies stay inline vector loops instead of becoming a libc
+# memcpy or memset call per row (bench/NOTES.md).
+AVX2_FLAGS = ["-mavx2", "-mfma", "-fno-tree-loop-distribute-patterns",
+              "-Wa,-mbranches-within-32B-boundaries"]
 AVX512_FLAGS = ["-mavx512f"] + AVX2_FLAGS
 SANITIZE = os.environ.get("MINIDL_SANITIZE") == "1"
 if SANITIZE:
