@@ -22,9 +22,11 @@
  *    normalisation and ReLU) as they copy each image into its phase planes, or
  *    into a per-thread copy of the image on the other paths.  Backward-data with
  *    stride 1 is the forward convolution of dy with the flipped, transposed
- *    weights; with a stride (or very few input channels) it is col = W^T @ dy for
- *    a chunk of B images side by side (N = B * P, B chosen so the chunk's buffers
- *    stay near CHUNK_FLOATS), then col2im.  Backward-weights: each thread adds
+ *    weights; with a stride, one GEMM per phase of the input pixels with dy read
+ *    in place (data_phases_of), where the phases' rows allow; otherwise (or with
+ *    very few input channels) col = W^T @ dy for a chunk of B images side by side
+ *    (N = B * P, B chosen so the chunk's buffers stay near CHUNK_FLOATS), then
+ *    col2im.  Backward-weights: each thread adds
  *    dy[b] @ col(x[b])^T over its images into its own partial dw (with rows a
  *    multiple of 8 wide, as dot products over the phase planes; by Winograd where
  *    the forward takes winograd_avx512.c); the partials are added in thread order.
@@ -210,6 +212,7 @@ typedef struct conv_geom {
     size_t gemm_bytes;   /* the SGEMM workspace of the chunked backward-data */
     size_t chunk;        /* bytes of the chunked backward-data (buffers + SGEMM workspace) */
     int direct_data;     /* backward-data runs as a forward convolution of dy (stride 1) */
+    int phase_data;      /* backward-data by phases (strided; data_phases_of) */
     size_t fixed;        /* bytes of the per-image path shared by the threads */
     size_t per_thread;   /* bytes of the per-image path for each thread */
     size_t pool_floats;  /* the pooled forward's buffer for a call's outputs, the thread's last */
@@ -237,6 +240,88 @@ static int transposed_shape(const mdl_conv2d_shape *s, const conv_geom *g, mdl_c
     return 1;
 }
 
+/* The data gradient of a strided convolution by phases.  The input pixels (ih, iw)
+ * with (ih + pad_h) % sh == a and (iw + pad_w) % sw == b form phase (a, b), a plane of
+ * rows[a] x cols[b] pixels, the first at (first_h[a], first_w[b]); each gets
+ * contributions from the taps (a + sh t, b + sw u) only, from dy at
+ * ((ih + pad_h) / sh - t, (iw + pad_w) / sw - u).  So each phase's gradient is a
+ * stride-1 correlation of dy with those taps: one GEMM of c_in rows, K = c_out x taps,
+ * whose B rows the micro-kernel reads in place from dy padded with pt rows above and
+ * pl columns to the left (drows x dcols planes), as the forward reads the phase
+ * planes.  The GEMMs do the forward's multiplications, against the column matrix and
+ * col2im of the chunked path.  Phases without taps (a kernel smaller than the stride)
+ * are zero.  It applies when every phase with taps has rows a multiple of 16 wide, or
+ * 8 wide in pairs, and c_in fills the micro-kernel's rows. */
+#define PHASE_MAX_STRIDE 4
+typedef struct data_phases {
+    int64_t sh, sw;
+    int64_t rows[PHASE_MAX_STRIDE], first_h[PHASE_MAX_STRIDE], taps_h[PHASE_MAX_STRIDE];
+    int64_t cols[PHASE_MAX_STRIDE], first_w[PHASE_MAX_STRIDE], taps_w[PHASE_MAX_STRIDE];
+    int64_t pt, pl, drows, dcols;
+} data_phases;
+
+/* one dimension: pixel class a of `size` input pixels (padding pad, stride st, kernel k) */
+static void phase_dim(int64_t size, int64_t pad, int64_t st, int64_t k, int64_t a, int64_t *n,
+                      int64_t *first, int64_t *taps)
+{
+    *first = ((a - pad) % st + st) % st;
+    *n = *first < size ? (size - 1 - *first) / st + 1 : 0;
+    *taps = a < k ? (k - 1 - a) / st + 1 : 0;
+}
+
+static int data_phases_of(const mdl_conv2d_shape *s, const conv_geom *g, data_phases *d)
+{
+    d->sh = s->stride_h;
+    d->sw = s->stride_w;
+    if ((d->sh == 1 && d->sw == 1) || d->sh > PHASE_MAX_STRIDE || d->sw > PHASE_MAX_STRIDE ||
+        s->c_in < DIRECT_DATA_MIN_C_IN)
+        return 0;
+    int64_t end_h = g->ho, end_w = g->wo; /* dy's rows and columns a phase reads, at most */
+    for (int64_t a = 0; a < d->sh; a++) {
+        phase_dim(s->h, s->pad_h, d->sh, s->kh, a, &d->rows[a], &d->first_h[a], &d->taps_h[a]);
+        const int64_t last = (d->first_h[a] + s->pad_h) / d->sh + d->rows[a];
+        end_h = last > end_h ? last : end_h;
+    }
+    for (int64_t b = 0; b < d->sw; b++) {
+        phase_dim(s->w, s->pad_w, d->sw, s->kw, b, &d->cols[b], &d->first_w[b], &d->taps_w[b]);
+        const int64_t last = (d->first_w[b] + s->pad_w) / d->sw + d->cols[b];
+        end_w = last > end_w ? last : end_w;
+    }
+    for (int64_t a = 0; a < d->sh; a++)
+        for (int64_t b = 0; b < d->sw; b++)
+            if (d->taps_h[a] && d->taps_w[b] && d->rows[a] && d->cols[b] &&
+                !(d->cols[b] % 16 == 0 || (d->cols[b] == 8 && d->rows[a] % 2 == 0)))
+                return 0;
+    d->pt = (s->kh + d->sh - 1) / d->sh - 1;
+    d->pl = (s->kw + d->sw - 1) / d->sw - 1;
+    d->drows = end_h + d->pt;
+    d->dcols = end_w + d->pl;
+    return 1;
+}
+
+/* K of phase (a, b) and its pixels */
+#define PHASE_K(s, d, a, b) ((s)->c_out * (d)->taps_h[a] * (d)->taps_w[b])
+#define PHASE_P(d, a, b) ((d)->rows[a] * (d)->cols[b])
+
+/* floats of the phase path: shared (every phase's packed weights, the weights of one
+ * phase gathered, the offset tables) and per thread (dy padded, every phase's output) */
+static size_t data_phases_fixed(const mdl_conv2d_shape *s, const data_phases *d)
+{
+    size_t f = FLOATS(s->c_in * s->c_out * s->kh * s->kw) + TABLE_FLOATS(s->c_out * s->kh * s->kw);
+    for (int64_t a = 0; a < d->sh; a++)
+        for (int64_t b = 0; b < d->sw; b++) {
+            const int64_t K = PHASE_K(s, d, a, b);
+            f += max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_in, K)),
+                          FLOATS(mdl_sgemm_avx512_rows_a_floats(s->c_in, K)));
+        }
+    return f;
+}
+
+static size_t data_phases_thread(const mdl_conv2d_shape *s, const data_phases *d)
+{
+    return FLOATS(s->c_out * d->drows * d->dcols) + FLOATS(s->c_in * s->h * s->w);
+}
+
 static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 {
     mdl_status st = mdl_conv2d_check_shape(fn, s, &g->ho, &g->wo);
@@ -246,18 +331,20 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     g->pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
                    s->pad_h == 0 && s->pad_w == 0;
     mdl_conv2d_shape t;
+    data_phases dp;
     g->direct_data = transposed_shape(s, g, &t);
+    g->phase_data = !g->direct_data && data_phases_of(s, g, &dp);
     /* the chunked backward-data (strided or few input channels) */
     int64_t per_image = (g->K + s->c_out) * g->P, B = CHUNK_FLOATS / (per_image > 0 ? per_image : 1);
     g->B = g->pointwise ? 1 : B < 1 ? 1 : B > s->n ? (s->n > 0 ? s->n : 1) : B;
     const int64_t N = g->B * g->P;
-    const int chunked = !g->direct_data && !g->pointwise;
+    const int chunked = !g->direct_data && !g->phase_data && !g->pointwise;
     g->col_floats = chunked ? FLOATS(g->K * N) : 0;
     g->out_floats = chunked ? FLOATS(s->c_out * N) : 0;
     g->gemm_bytes = 0;
     /* the SGEMMs (col = W^T @ dy) of a whole chunk and of the last, shorter one (the
      * size is not monotonic) */
-    for (int64_t nb = g->B, pass = 0; pass < 2 && !g->direct_data;
+    for (int64_t nb = g->B, pass = 0; pass < 2 && !g->direct_data && !g->phase_data;
          pass++, nb = s->n % g->B ? s->n % g->B : g->B)
         g->gemm_bytes = max_size(g->gemm_bytes, mdl_sgemm_workspace_size(g->K, nb * g->P, s->c_out));
     g->chunk = (g->col_floats + g->out_floats) * sizeof(float) + g->gemm_bytes;
@@ -304,6 +391,10 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
 #endif
+    if (g->phase_data) {
+        fixed_d = data_phases_fixed(s, &dp);
+        per_d = data_phases_thread(s, &dp);
+    }
     g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->pool_floats = 0;
@@ -964,6 +1055,104 @@ mdl_status mdl_conv2d_forward_pooled(const mdl_conv2d_shape *s, const float *x, 
                    pool_relu, y, workspace, workspace_bytes);
 }
 
+/* dx by phases (data_phases_of): the threads take whole images; each pads its image
+ * of dy, runs every phase's GEMM into its buffer, then interleaves the phases into
+ * dx (overwritten, or added to: accumulate). */
+static void backward_data_phases(const mdl_conv2d_shape *s, const conv_geom *g, const float *dy,
+                                 const float *w, float *dx, int accumulate, float *ws,
+                                 size_t avail)
+{
+#if MDL_X86
+    data_phases d;
+    data_phases_of(s, g, &d);
+    const int64_t c_in = s->c_in, c_out = s->c_out, kh = s->kh, kw = s->kw;
+    const int64_t dplane = d.drows * d.dcols, image = c_in * s->h * s->w;
+    const int avx512 = mdl_use_avx512();
+    /* shared: each phase's weights (c_in, K) gathered, then packed; the offset tables */
+    float *dense = ws, *pa[PHASE_MAX_STRIDE][PHASE_MAX_STRIDE];
+    int64_t *table = (int64_t *)(dense + FLOATS(c_in * c_out * kh * kw));
+    int64_t *off[PHASE_MAX_STRIDE][PHASE_MAX_STRIDE], at[PHASE_MAX_STRIDE][PHASE_MAX_STRIDE];
+    float *next = (float *)table + TABLE_FLOATS(c_out * kh * kw);
+    int64_t *tnext = table, out = 0; /* at: where each phase's output starts in a buffer */
+    for (int64_t a = 0; a < d.sh; a++)
+        for (int64_t b = 0; b < d.sw; b++) {
+            const int64_t th = d.taps_h[a], tw = d.taps_w[b], K = c_out * th * tw;
+            at[a][b] = out;
+            out += c_in * PHASE_P(&d, a, b);
+            off[a][b] = tnext;
+            pa[a][b] = next;
+            for (int64_t ci = 0; ci < c_in; ci++)
+                for (int64_t k = 0; k < K; k++) {
+                    const int64_t co = k / (th * tw), t = k / tw % th, u = k % tw;
+                    dense[ci * K + k] = w[((co * c_in + ci) * kh + a + d.sh * t) * kw + b + d.sw * u];
+                }
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t co = k / (th * tw), t = k / tw % th, u = k % tw;
+                tnext[k] = co * dplane + (d.pt - t) * d.dcols + d.pl - u;
+            }
+            tnext += K;
+            if (K == 0) continue;
+            if (avx512) mdl_sgemm_avx512_rows_pack_a(c_in, K, dense, K, next);
+            else mdl_sgemm_avx2_pack_a(0, c_in, K, 1.0f, dense, K, next);
+            next += max_size(FLOATS(mdl_sgemm_avx2_packed_a_floats(c_in, K)),
+                             FLOATS(mdl_sgemm_avx512_rows_a_floats(c_in, K)));
+        }
+    /* dy padded: its planes are the interior of drows x dcols ones (a stride-1 shape's
+     * phase plane, which phase_image fills) */
+    const mdl_conv2d_shape pad = {.n = 1, .c_in = c_out, .h = g->ho, .w = g->wo, .c_out = 1,
+                                  .kh = 1, .kw = 1, .stride_h = 1, .stride_w = 1,
+                                  .pad_h = d.pt, .pad_w = d.pl};
+    const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
+    int nt = mdl_threads_for((double)s->n * c_in * c_out * kh * kw * g->P);
+    if (nt > s->n) nt = (int)s->n;
+    if ((size_t)nt > fit) nt = (int)fit;
+    if (nt < 1) nt = 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        float *dyp = ws + g->fixed / sizeof(float) + t * (g->per_thread / sizeof(float));
+        float *buf = dyp + FLOATS(c_out * dplane);
+        for (int64_t a = 0; a < d.sh; a++) /* phases without taps stay zero */
+            for (int64_t b = 0; b < d.sw; b++)
+                if (!d.taps_h[a] || !d.taps_w[b])
+                    memset(buf + at[a][b], 0, (size_t)(c_in * PHASE_P(&d, a, b)) * sizeof(float));
+        for (int64_t n = s->n * t / nt; n < s->n * (t + 1) / nt; n++) {
+            const float *dyn = dy + n * c_out * g->P; /* padded, or as it is if it needs none */
+            if (dplane != g->P) {
+                mdl_conv_phase_image_avx2(&pad, 1, 1, d.drows, d.dcols, dyn, NULL, dyp);
+                dyn = dyp;
+            }
+            for (int64_t a = 0; a < d.sh; a++)
+                for (int64_t b = 0; b < d.sw; b++) {
+                    const int64_t K = PHASE_K(s, &d, a, b), cols = d.cols[b], P = PHASE_P(&d, a, b);
+                    if (K == 0) continue;
+                    /* the phase's first pixel reads dy's padded plane from here */
+                    const float *base = dyn + (d.first_h[a] + s->pad_h) / d.sh * d.dcols +
+                                        (d.first_w[b] + s->pad_w) / d.sw;
+                    const int64_t half = cols == 8 ? d.dcols : 8;
+                    for (int64_t p = 0; p < P; p += 16)
+                        (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
+                            c_in, K, pa[a][b], base + p / cols * d.dcols + p % cols, off[a][b],
+                            half, 0.0f, buf + at[a][b] + p, P, NULL);
+                }
+            float *dxn = dx + n * image;
+            for (int64_t ci = 0; ci < c_in; ci++)
+                for (int64_t ih = 0; ih < s->h; ih++) {
+                    const int64_t a = (ih + s->pad_h) % d.sh, y = (ih - d.first_h[a]) / d.sh;
+                    const float *row[PHASE_MAX_STRIDE]; /* column j + sw x is row[j][x] */
+                    for (int64_t j = 0; j < d.sw && j < s->w; j++) {
+                        const int64_t b = (j + s->pad_w) % d.sw;
+                        row[j] = buf + at[a][b] + (ci * d.rows[a] + y) * d.cols[b];
+                    }
+                    mdl_conv_interleave_row_avx2(d.sw, row, s->w, dxn + (ci * s->h + ih) * s->w,
+                                                 accumulate);
+                }
+        }
+    }
+#else
+    (void)s, (void)g, (void)dy, (void)w, (void)dx, (void)accumulate, (void)ws, (void)avail;
+#endif
+}
+
 /* dx (n, c_in, h, w) = (or +=, accumulate) conv_transpose(dy (n, c_out, ho, wo), w) */
 static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const float *dy,
                                 const float *w, float *dx, int accumulate, void *workspace,
@@ -1004,6 +1193,11 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         pack_weights(&t, &gt, wino, wf, pa);
         per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail,
                   mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
+        mdl_free(owned);
+        return MDL_OK;
+    }
+    if (g.phase_data) {
+        backward_data_phases(s, &g, dy, w, dx, accumulate, ws, avail);
         mdl_free(owned);
         return MDL_OK;
     }

@@ -42,6 +42,9 @@ float mdl_conv_sum_avx2(const float *p, int64_t count);
  * through the map in (NULL: as it is; the padding stays zero) */
 void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
                                int64_t cols, const float *x, const mdl_affine *in, float *xp);
+/* d[j + sw x] = (or +=, accumulate) src[j][x]: a row of w columns from sw sources */
+void mdl_conv_interleave_row_avx2(int64_t sw, const float *const *src, int64_t w, float *d,
+                                  int accumulate);
 /* sum[r] and sumsq[r] (r < rows) += the sum and the sum of squares of row r of y
  * (rows, P): float over 128 values at a time, then double */
 void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq);

@@ -175,6 +175,28 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
     }
 }
 
+void mdl_conv_interleave_row_avx2(int64_t sw, const float *const *src, int64_t w, float *d,
+                                  int accumulate)
+{
+    int64_t x = 0;
+    if (sw == 2) /* 16 columns from 8 of each source */
+        for (; 2 * x + 16 <= w; x += 8) {
+            const __m256 e = _mm256_loadu_ps(src[0] + x), o = _mm256_loadu_ps(src[1] + x);
+            const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+            __m256 v0 = _mm256_permute2f128_ps(lo, hi, 0x20), v1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+            if (accumulate) {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(d + 2 * x));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(d + 2 * x + 8));
+            }
+            _mm256_storeu_ps(d + 2 * x, v0);
+            _mm256_storeu_ps(d + 2 * x + 8, v1);
+        }
+    for (int64_t c = sw * x; c < w; c++) {
+        const float v = src[c % sw][c / sw];
+        d[c] = accumulate ? d[c] + v : v;
+    }
+}
+
 /* sum of p[0, count) */
 float mdl_conv_sum_avx2(const float *p, int64_t count)
 {

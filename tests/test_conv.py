@@ -46,6 +46,16 @@ CASES = [
     (2, 6, 32, 31, 5, 1, 1, 2, 0),            # 1x1: one plane of the four
     (1, 3, 10, 46, 4, 2, 2, 3, 1),            # stride larger than the kernel
     (1, 4, 9, 18, 3, 3, 3, (2, 1), 0),        # strides (2, 1): two planes
+    # strided dx by phases (data_phases_of): one GEMM per phase of the input pixels
+    (2, 16, 32, 32, 32, 3, 3, 2, 1),          # resnet20's layer2.0.conv1: phases 16 wide
+    (2, 16, 32, 32, 32, 1, 1, 2, 0),          # its downsample: three phases without taps
+    (2, 32, 16, 16, 24, 3, 3, 2, 1),          # phases 8 wide, in pairs
+    (1, 8, 33, 32, 4, 3, 3, 2, 1),            # odd height: phases of 16 and 17 rows
+    (1, 8, 12, 32, 6, 5, 5, 2, 2),            # 5x5: 3 and 2 taps per dimension
+    (1, 9, 6, 48, 5, 3, 3, 3, 0),             # stride 3
+    (1, 8, 10, 16, 7, 3, 3, (2, 1), 1),       # strides (2, 1): two phases
+    (2, 8, 16, 32, 4, 2, 2, 2, 0),            # kernel as the stride: one tap per phase
+    (2, 8, 15, 16, 5, 3, 3, 2, 1),            # 8 wide but 7 rows: the chunked path
     # small images on the im2col path go in groups side by side (im2col_group)
     (5, 24, 2, 2, 20, 3, 3, 1, 1),            # 2x2, as VGG's last layers: 8 to a group
     (9, 16, 4, 4, 8, 3, 3, 1, 1),             # 4x4: 2 to a group, one left over
@@ -56,6 +66,7 @@ BIG = [
     (2, 24, 16, 16, 24, 1, 1, 1, 0),
     (11, 32, 16, 16, 32, 5, 5, 1, 2),         # the fast path's chunks: 9 images, then 2
     (7, 32, 2, 2, 24, 3, 3, 1, 1),            # 2x2 images in groups, split over threads
+    (5, 16, 32, 32, 32, 3, 3, 2, 1),          # strided dx by phases, split over threads
 ]
 
 
@@ -255,7 +266,10 @@ def test_nan_flows_to_the_output(simd, rng):
 ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 images in groups
              (3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
              # Winograd by default with AVX-512 (winograd_avx512.c), its dw included
-             (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2)]
+             (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2),
+             # strided dx by phases, added in their interleaving
+             (2, 16, 32, 32, 24, 3, 3, 2, 1), (2, 16, 32, 31, 8, 1, 1, 2, 0),
+             (2, 8, 16, 16, 8, 3, 3, 2, 1)]
 
 
 @pytest.mark.parametrize("case", ACC_CASES, ids=ids)
@@ -282,6 +296,10 @@ def test_accumulate_and_overwrite(simd, rng, case):
     _C.conv2d_backward_bias(shape, dy.ravel(), db, True)
     assert_close(dw, rdw + dw0, "conv", "dw +=")
     assert_close(db, rdb + db0, "conv", "db +=")
+    dx0 = f32(rng, *x.shape)
+    dx = dx0.copy()
+    _C.conv2d_backward_data_fused(shape, dy.ravel(), wt.ravel(), dx.ravel(), True)
+    assert_close(dx, rdx + dx0, "conv", "dx +=")
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[-2], BIG[0], BIG[3]], ids=ids)

@@ -472,12 +472,14 @@ def _cuda_missing():
 def test_fused_training_matches_the_plain_plan(device, algo):
     """resnet20, 20 SGD steps (batch 16, momentum 0.9): the parameters and running
     statistics after 20 steps agree within a relative L2 distance over all of them of
-    2e-3 with the convolutions' GEMM and 5e-3 with the default algorithm (on AVX-512,
+    3e-3 with the convolutions' GEMM and 5e-3 with the default algorithm (on AVX-512,
     Winograd F(4x4, 3x3), whose rounding error per convolution is about ten times the
     GEMM's); with the GEMM, the first step's gradients also agree per tensor within 5e-5.
     This net at this batch is very sensitive to rounding: the input times (1 + 1e-6
-    noise) moves the first step's gradients by up to 7%, and the plain plan with GEMM
-    against Winograd ends 2.7e-3 apart, fused against plain 1.2e-3 (GEMM) and 2.7e-3."""
+    noise) moves the first step's gradients by up to 7%; the plain plan with GEMM
+    against Winograd ends 2.7e-3 apart; summing the strided layers' data gradient by
+    phases instead of by col2im (the same products, in another order) moved the plain
+    plan's parameters by 2.1e-3; fused against plain: 2.1e-3 (GEMM) and 3.1e-3."""
     minidl.set_conv_algo(algo)
     try:
         plain, g_plain, _ = _train("resnet20", "cpu", False, 16, 20)
@@ -488,7 +490,7 @@ def test_fused_training_matches_the_plain_plan(device, algo):
     if algo == "gemm":
         for k in g_plain:
             assert_close(g_fused[k], g_plain[k], "batch_norm", f"first step's gradient of {k}")
-    assert _rel_l2(plain, fused) < (2e-3 if algo == "gemm" else 5e-3)
+    assert _rel_l2(plain, fused) < (3e-3 if algo == "gemm" else 5e-3)
     assert fused["bn1.num_batches_tracked"] == 20
 
 
