@@ -426,7 +426,7 @@ static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
     int64_t group = im2col_group(g->P, g->pointwise);
 #if MDL_X86
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
-        group = max_size(group, mdl_winograd_avx512_group(s, g->ho, g->wo));
+        group = max_size(group, mdl_winograd_avx512_group(s, g->ho, g->wo, 0));
 #endif
     g->pool_floats = FLOATS(group * s->c_out * g->P);
     g->per_thread += g->pool_floats * sizeof(float);
@@ -730,7 +730,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
-    const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo) : 1;
+    const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0) : 1;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *obuf = col + col_floats;
@@ -822,7 +822,7 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
                              float *ws, size_t stride, int nt)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, pairs = c_in * c_out;
-    const int64_t group = mdl_winograd_avx512_group(s, g->ho, g->wo);
+    const int64_t group = mdl_winograd_avx512_group(s, g->ho, g->wo, 1);
 #pragma omp parallel num_threads(nt)
     {
         int t, T;

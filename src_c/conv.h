@@ -77,14 +77,15 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
                         const float *x, const mdl_epilogue *ep, float *y, float *buf);
 /* Winograd F(4x4, 3x3) and F(2x2, 5x5) with 16 channels to a vector (winograd_avx512.c):
  * stride 1, padding < kernel, c_in and c_out multiples of 16.  The weights are transformed once per
- * call into `u` (fixed_floats); a call takes up to `group` images, with thread_floats
+ * call into `u` (fixed_floats); a call takes up to `group` images (grad 0; grad 1: the
+ * weight gradient's calls, mdl_winograd_avx512_grad_images), with thread_floats
  * of scratch (64-byte aligned).  Of `images` images x (c_in, h, w), read through the map
  * in (NULL: as they are), y (c_out, ho, wo) = or += (accumulate, then bias NULL and relu
  * 0) the convolution, plus bias, then ReLU; sums (images, 2, c_out), or NULL, gets each
  * image's channel sums and sums of squares of y. */
 int mdl_winograd_avx512_applies(const mdl_conv2d_shape *s);
 size_t mdl_winograd_avx512_fixed_floats(const mdl_conv2d_shape *s);
-int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
+int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad);
 size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
 void mdl_winograd_avx512_weights(const mdl_conv2d_shape *s, const float *w, float *u);
 void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,

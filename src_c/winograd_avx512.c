@@ -35,6 +35,12 @@
 #define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
 #define XI 36                                      /* transform points, 6 x 6 */
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
+/* The weight gradient's chunks are twice as large from c_in c_out = 64 x 128: each
+ * chunk adds its products to the thread's partial dU in double (36 c_in c_out of them,
+ * 2.4 MB there), so fewer, longer chunks read and write it less often; with fewer
+ * channels the larger V and dM cost more than that saves (bench/NOTES.md) */
+#define GRAD_CHUNK_BYTES (512 << 10)
+#define GRAD_CHUNK_MIN_CC (64 * 128)
 
 typedef struct wino_geom {
     int64_t m;          /* outputs per tile side: 4 (3x3) or 2 (5x5) */
@@ -44,7 +50,8 @@ typedef struct wino_geom {
     int64_t chunk;      /* tiles per chunk at most */
 } wino_geom;
 
-static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+/* the forward's geometry, or the weight gradient's (grad: larger chunks where they pay) */
+static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
 {
     wino_geom g;
     g.m = s->kh == 3 ? 4 : 2;
@@ -53,7 +60,9 @@ static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
     g.T = g.th * g.tw;
     g.hp = g.m * g.th + s->kh - 1;
     g.wp = g.m * g.tw + s->kw - 1;
-    const int64_t c = CHUNK_BYTES / (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
+    const int big = grad && s->c_in * s->c_out >= GRAD_CHUNK_MIN_CC;
+    const int64_t c = (big ? GRAD_CHUNK_BYTES : CHUNK_BYTES) /
+                      (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
     g.chunk = c < 1 ? 1 : c;
     g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
     if (g.group > s->n && s->n > 0) g.group = s->n;
@@ -73,16 +82,20 @@ size_t mdl_winograd_avx512_fixed_floats(const mdl_conv2d_shape *s)
     return FL(XI * s->c_in * s->c_out);
 }
 
-int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
 {
-    return geom(s, ho, wo).group;
+    return geom(s, ho, wo, grad).group;
+}
+
+static size_t thread_floats(const wino_geom g, const mdl_conv2d_shape *s)
+{
+    return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
+           FL(XI * g.chunk * s->c_out);
 }
 
 size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const wino_geom g = geom(s, ho, wo);
-    return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
-           FL(XI * g.chunk * s->c_out);
+    return thread_floats(geom(s, ho, wo, 0), s);
 }
 
 /* G for r = 3 (the first 3 columns) and r = 5 */
@@ -434,7 +447,7 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
                                 const float *bias, int relu, double *sums, int accumulate,
                                 float *y, float *buf)
 {
-    const wino_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo, 0);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
     float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(XI * g.chunk * c_in);
     transpose_images(s, &g, images, x, in, xt);
@@ -468,8 +481,8 @@ void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t w
 
 size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const wino_geom g = geom(s, ho, wo);
-    return FL(2 * XI * s->c_in * s->c_out) + mdl_winograd_avx512_thread_floats(s, ho, wo) +
+    const wino_geom g = geom(s, ho, wo, 1);
+    return FL(2 * XI * s->c_in * s->c_out) + thread_floats(g, s) +
            FL(g.group * g.m * g.th * g.m * g.tw * s->c_out);
 }
 
@@ -521,7 +534,7 @@ void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int6
                                      int64_t images, const float *x, const mdl_affine *in,
                                      const float *dy, double *du, float *buf)
 {
-    const wino_geom g = geom(s, ho, wo);
+    const wino_geom g = geom(s, ho, wo, 1);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
     const int64_t rows = g.m * g.th, cols = g.m * g.tw, dyt_image = rows * cols * c_out;
     float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *dm = v + FL(XI * g.chunk * c_in);

@@ -128,6 +128,7 @@ WINOGRAD = [
     (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
     (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
+    (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
     (2, 32, 5, 5, 16, 3, 3, 1, (0, 1)),       # F(4x4): no padding in one direction
