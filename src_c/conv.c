@@ -1081,14 +1081,11 @@ static void backward_data_phases(const mdl_conv2d_shape *s, const conv_geom *g, 
             out += c_in * PHASE_P(&d, a, b);
             off[a][b] = tnext;
             pa[a][b] = next;
-            for (int64_t ci = 0; ci < c_in; ci++)
-                for (int64_t k = 0; k < K; k++) {
-                    const int64_t co = k / (th * tw), t = k / tw % th, u = k % tw;
-                    dense[ci * K + k] = w[((co * c_in + ci) * kh + a + d.sh * t) * kw + b + d.sw * u];
-                }
-            for (int64_t k = 0; k < K; k++) {
+            for (int64_t k = 0; k < K; k++) { /* k = (co, t, u): tap (a + sh t, b + sw u) */
                 const int64_t co = k / (th * tw), t = k / tw % th, u = k % tw;
                 tnext[k] = co * dplane + (d.pt - t) * d.dcols + d.pl - u;
+                for (int64_t ci = 0; ci < c_in; ci++)
+                    dense[ci * K + k] = w[((co * c_in + ci) * kh + a + d.sh * t) * kw + b + d.sw * u];
             }
             tnext += K;
             if (K == 0) continue;
