@@ -260,13 +260,15 @@ typedef struct data_phases {
     int64_t pt, pl, drows, dcols;
 } data_phases;
 
-/* one dimension: pixel class a of `size` input pixels (padding pad, stride st, kernel k) */
-static void phase_dim(int64_t size, int64_t pad, int64_t st, int64_t k, int64_t a, int64_t *n,
-                      int64_t *first, int64_t *taps)
+/* one dimension: pixel class a of `size` input pixels (padding pad, stride st, kernel k);
+ * returns the end of the range of dy that the class reads */
+static int64_t phase_dim(int64_t size, int64_t pad, int64_t st, int64_t k, int64_t a, int64_t *n,
+                         int64_t *first, int64_t *taps)
 {
     *first = ((a - pad) % st + st) % st;
     *n = *first < size ? (size - 1 - *first) / st + 1 : 0;
     *taps = a < k ? (k - 1 - a) / st + 1 : 0;
+    return (*first + pad) / st + *n;
 }
 
 static int data_phases_of(const mdl_conv2d_shape *s, const conv_geom *g, data_phases *d)
@@ -278,14 +280,14 @@ static int data_phases_of(const mdl_conv2d_shape *s, const conv_geom *g, data_ph
         return 0;
     int64_t end_h = g->ho, end_w = g->wo; /* dy's rows and columns a phase reads, at most */
     for (int64_t a = 0; a < d->sh; a++) {
-        phase_dim(s->h, s->pad_h, d->sh, s->kh, a, &d->rows[a], &d->first_h[a], &d->taps_h[a]);
-        const int64_t last = (d->first_h[a] + s->pad_h) / d->sh + d->rows[a];
-        end_h = last > end_h ? last : end_h;
+        const int64_t e = phase_dim(s->h, s->pad_h, d->sh, s->kh, a, &d->rows[a], &d->first_h[a],
+                                    &d->taps_h[a]);
+        end_h = e > end_h ? e : end_h;
     }
     for (int64_t b = 0; b < d->sw; b++) {
-        phase_dim(s->w, s->pad_w, d->sw, s->kw, b, &d->cols[b], &d->first_w[b], &d->taps_w[b]);
-        const int64_t last = (d->first_w[b] + s->pad_w) / d->sw + d->cols[b];
-        end_w = last > end_w ? last : end_w;
+        const int64_t e = phase_dim(s->w, s->pad_w, d->sw, s->kw, b, &d->cols[b], &d->first_w[b],
+                                    &d->taps_w[b]);
+        end_w = e > end_w ? e : end_w;
     }
     for (int64_t a = 0; a < d->sh; a++)
         for (int64_t b = 0; b < d->sw; b++)
@@ -1076,7 +1078,7 @@ static void backward_data_phases(const mdl_conv2d_shape *s, const conv_geom *g, 
     int64_t *tnext = table, out = 0; /* at: where each phase's output starts in a buffer */
     for (int64_t a = 0; a < d.sh; a++)
         for (int64_t b = 0; b < d.sw; b++) {
-            const int64_t th = d.taps_h[a], tw = d.taps_w[b], K = c_out * th * tw;
+            const int64_t th = d.taps_h[a], tw = d.taps_w[b], K = PHASE_K(s, &d, a, b);
             at[a][b] = out;
             out += c_in * PHASE_P(&d, a, b);
             off[a][b] = tnext;
