@@ -5,7 +5,8 @@
  *
  * rows split (rows_split), when a K block of all of op(B) fits in L2 and all of
  * op(B) is small: op(B) is packed whole up front, or read in place when it is not
- * transposed and C has few rows; then each thread packs its own A micro-panels and
+ * transposed and C has few rows; then each thread takes its own A micro-panels
+ * (read in place when op(A) is not transposed and alpha is 1, else packed) and
  * sweeps all of N with each.  One barrier at most.
  *
  * shared blocks, otherwise, BLIS-style:
@@ -14,9 +15,11 @@
  *     for pc over K in blocks of kc
  *       for ic over M in blocks of mb        A block  (mb x kc) shared
  *         pack B (when ic == 0; not when it is read in place: C of at most
- *           256 rows, B's rows 64-byte aligned) and A, cooperatively; barrier
+ *           256 rows, B's rows 64-byte aligned; nor when each thread has columns
+ *           of its own: then a group at a time below) and A, cooperatively; barrier
  *         each thread: its rows x its columns of the block, in column groups
- *           of NG micro-panels (kc x NG*NR, L2); inside a group one A
+ *           of NG micro-panels (kc x NG*NR, L2, packed here when the thread's
+ *           own, again for each ic); inside a group one A
  *           micro-panel (MR x kc, L1) meets each B micro-panel in turn
  *         barrier
  *
@@ -226,15 +229,38 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
     }
 }
 
+/* `panels` micro-panels of op(B)'s columns from j0 (ncols columns left there), K rows
+ * [p0, p0 + kc), at dst + q * NR * kc.  Not transposed, row by row across all the
+ * panels: each row of B is read as one contiguous run that the hardware prefetcher
+ * streams (panel by panel, every 128 bytes read would start a new run ldb away). */
+static void pack_b_panels(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t p0,
+                          int64_t panels, int64_t ncols, int64_t kc, float *dst)
+{
+    if (trans_b || panels * NR > ncols) {
+        for (int64_t q = 0; q < panels; q++)
+            pack_b(trans_b, b, ldb, j0 + q * NR, p0, (int)min64(ncols - q * NR, NR), kc,
+                   dst + q * NR * kc);
+        return;
+    }
+    for (int64_t p = 0; p < kc; p++) {
+        const float *src = b + (p0 + p) * ldb + j0;
+        for (int64_t q = 0; q < panels; q++)
+            for (int v = 0; v < NRV; v++)
+                _mm512_store_ps(dst + q * NR * kc + p * NR + 16 * v,
+                                _mm512_loadu_ps(src + q * NR + 16 * v));
+    }
+}
+
 /* ---- micro-kernel ------------------------------------------------------------- */
 
-/* C tile (ROWS x cols, ROWS <= MR, cols <= NR) = packed A micro-panel @ B
- * micro-panel (packed, or in place with INPLACE: row p at b + p * ldb) + beta * C
+/* C tile (ROWS x cols, ROWS <= MR, cols <= NR) = A micro-panel (packed, or in place
+ * with AIN: row r at a + r * lda_) @ B micro-panel (packed, or in place with
+ * INPLACE: row p at b + p * ldb) + beta * C
  * (beta == 0: C is not read).  Named accumulators
  * (not an array) so that they stay in registers; rows >= ROWS fold away. */
 #define ROW_FMA(r)                                                            \
     if (ROWS > r) {                                                           \
-        const __m512 av = _mm512_set1_ps(a[p * MR + r]);                      \
+        const __m512 av = _mm512_set1_ps(AIN ? a[r * lda_ + p] : a[p * MR + r]); \
         c##r##_0 = _mm512_fmadd_ps(av, b0, c##r##_0);                         \
         c##r##_1 = _mm512_fmadd_ps(av, b1, c##r##_1);                         \
         if (NRV > 2) {                                                        \
@@ -308,8 +334,9 @@ load_b(const int INPLACE, __mmask16 mask, const float *p)
 }
 
 static inline __attribute__((always_inline)) void
-kernel_rows(const int ROWS, const int INPLACE, int64_t kc, const float *restrict a,
-            const float *restrict b, int64_t ldb, float *c, int64_t ldc, int cols, float beta)
+kernel_rows(const int ROWS, const int INPLACE, const int AIN, int64_t lda_, int64_t kc,
+            const float *restrict a, const float *restrict b, int64_t ldb, float *c, int64_t ldc,
+            int cols, float beta)
 {
     __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0;
     __m512 c2_1 = c0_0, c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0;
@@ -354,15 +381,18 @@ kernel_rows(const int ROWS, const int INPLACE, int64_t kc, const float *restrict
     }
 }
 
-/* The tile kernel for `rows` rows, B packed (b_ld == 0: micro-panels of NR columns) or
- * read in place (row stride b_ld). */
-static void kernel(int rows, int64_t kc, const float *a, const float *b, int64_t b_ld, float *c,
-                   int64_t ldc, int cols, float beta)
+/* The tile kernel for `rows` rows, A packed (a_ld == 0: a micro-panel of MR rows) or
+ * read in place (row stride a_ld), B packed (b_ld == 0: micro-panels of NR columns)
+ * or read in place (row stride b_ld). */
+static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b, int64_t b_ld,
+                   float *c, int64_t ldc, int cols, float beta)
 {
 #define KERNEL_CASE(R)                                                                   \
     case R:                                                                             \
-        if (b_ld) kernel_rows(R, 1, kc, a, b, b_ld, c, ldc, cols, beta);                \
-        else kernel_rows(R, 0, kc, a, b, NR, c, ldc, cols, beta);                       \
+        if (a_ld && b_ld) kernel_rows(R, 1, 1, a_ld, kc, a, b, b_ld, c, ldc, cols, beta); \
+        else if (a_ld) kernel_rows(R, 0, 1, a_ld, kc, a, b, NR, c, ldc, cols, beta);    \
+        else if (b_ld) kernel_rows(R, 1, 0, 0, kc, a, b, b_ld, c, ldc, cols, beta);     \
+        else kernel_rows(R, 0, 0, 0, kc, a, b, NR, c, ldc, cols, beta);                 \
         break;
     switch (rows) {
 #if MR >= 14
@@ -410,6 +440,10 @@ static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
     /* row panels: a multiple of the thread count, rows spread evenly over them (panel
      * pr is rows [pr * m / mpan, (pr + 1) * m / mpan)) */
     const int64_t mpan = round_up(ceil_div(m, MR), nt);
+    /* A read in place: each micro-panel of A meets only ceil(n / NR) micro-panels of
+     * B, too few to repay packing it (256 x 64 x 2304: 1.13x) */
+    const int a_in = !trans_a && alpha == 1.0f;
+    const int64_t a_ld = a_in ? lda : 0;
 
 #pragma omp parallel num_threads(nt)
     {
@@ -431,15 +465,16 @@ static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
             for (int64_t pr = r0; pr < r1; pr++) {
                 const int64_t i0 = pr * m / mpan;
                 const int rows = (int)((pr + 1) * m / mpan - i0);
-                pack_a(trans_a, a, lda, i0, pc, rows, kb, alpha, apanel);
+                if (!a_in) pack_a(trans_a, a, lda, i0, pc, rows, kb, alpha, apanel);
+                const float *ap = a_in ? a + i0 * lda + pc : apanel;
                 float *crow = c + i0 * ldc;
                 for (int64_t q = 0; q < npan; q++) {
                     const int cols = (int)min64(n - q * NR, NR);
                     if (in_place)
-                        kernel(rows, kb, apanel, b + pc * ldb + q * NR, ldb, crow + q * NR, ldc,
+                        kernel(rows, kb, ap, a_ld, b + pc * ldb + q * NR, ldb, crow + q * NR, ldc,
                                cols, beta_eff);
                     else
-                        kernel(rows, kb, apanel, bpack + pc * npan * NR + q * NR * kb, 0,
+                        kernel(rows, kb, ap, a_ld, bpack + pc * npan * NR + q * NR * kb, 0,
                                crow + q * NR, ldc, cols, beta_eff);
                 }
             }
@@ -474,11 +509,16 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
         int tm = 1, tn = 1;
         mdl_gemm_grid(T, mt, ntl, &tm, &tn);
         const int ti = t / tn, tj = t % tn;
+        /* when no other thread shares my columns, B is packed a column group at a
+         * time, just before its kernels, into the start of my share of the B buffer,
+         * where it stays in L2 (128 x 4096 x 1152: 1.07x) */
+        const int lazy_b = tm == 1 && !b_in_place;
 
         for (int64_t jc = 0; jc < n; jc += bl.nc) {
             const int64_t nb = min64(n - jc, bl.nc);
             const int64_t npan = ceil_div(nb, NR);
             const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
+            float *const bgroup = bpack + c0 * NR * min64(k, bl.kc);
             for (int64_t pc = 0; pc < k; pc += bl.kc) {
                 const int64_t kb = min64(k - pc, bl.kc);
                 const float beta_eff = pc == 0 ? beta : 1.0f;
@@ -491,7 +531,7 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
 
                     /* pack: my column panels are shared with the tm threads of my
                      * grid column, my row panels with the tn threads of my row */
-                    if (ic == 0 && !b_in_place) {
+                    if (ic == 0 && !b_in_place && !lazy_b) {
                         int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
                         for (int64_t q = lo; q < hi; q++)
                             pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)min64(nb - q * NR, NR),
@@ -508,6 +548,9 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      * micro-panels (L2), one A micro-panel (L1) against each */
                     for (int64_t cg = c0; cg < c1; cg += NG) {
                         const int64_t cg1 = min64(cg + NG, c1);
+                        if (lazy_b)
+                            pack_b_panels(trans_b, b, ldb, jc + cg * NR, pc, cg1 - cg,
+                                          nb - cg * NR, kb, bgroup);
                         for (int64_t pr = r0; pr < r1; pr++) {
                             const int rows = (int)min64(mbk - pr * h, h);
                             const float *ap = apack + pr * MR * kb;
@@ -515,11 +558,13 @@ void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                             for (int64_t q = cg; q < cg1; q++) {
                                 const int cols = (int)min64(nb - q * NR, NR);
                                 if (b_in_place)
-                                    kernel(rows, kb, ap, b + pc * ldb + jc + q * NR, ldb,
+                                    kernel(rows, kb, ap, 0, b + pc * ldb + jc + q * NR, ldb,
                                            crow + q * NR, ldc, cols, beta_eff);
                                 else
-                                    kernel(rows, kb, ap, bpack + q * NR * kb, 0, crow + q * NR,
-                                           ldc, cols, beta_eff);
+                                    kernel(rows, kb, ap, 0,
+                                           lazy_b ? bgroup + (q - cg) * NR * kb
+                                                  : bpack + q * NR * kb,
+                                           0, crow + q * NR, ldc, cols, beta_eff);
                             }
                         }
                     }

@@ -6,9 +6,12 @@ C in groups of 144 per thread and 1536 per packing step, columns in steps of up 
 4096, tiles of 6 x 16.  The AVX-512 kernel: K in blocks of up to 384, tiles of
 14 x 32 with masked column edges, and two drivers chosen by shape: when a K block
 of op(B) holds at most 128K floats and all of it at most 512K, op(B) is read in
-place (not transposed, M <= 28) or packed whole, and the threads split the rows;
-otherwise rows in packing steps of 1540, columns in steps of up to 4096 and groups
-of 8 x 32, op(B) read in place when it is not transposed and M <= 256.  The shapes below cross each of these boundaries.
+place (not transposed, M <= 28) or packed whole, the threads split the rows, and
+op(A) is read in place when it is not transposed and alpha is 1; otherwise rows in
+packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, op(B)
+read in place when it is not transposed, 64-byte aligned and M <= 256, else packed a
+group at a time when the threads split only the columns.  The shapes below cross
+each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -38,6 +41,7 @@ MIXED = [
     (9, 4100, 40),    # AVX-512 shared blocks: two column steps (4096)
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
+    (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
 ]
 
 # edge sizes: every row count of a tile, column counts around 16 and 32
