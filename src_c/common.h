@@ -47,15 +47,30 @@ int mdl_num_threads(void);
 #  define MDL_THREAD_ID(t, T) ((t) = 0, (T) = 1)
 #endif
 
-/* Run `body` on each thread with its contiguous share [lo, hi) of [0, count);
- * `work` (scalar operations in all) decides how many threads (mdl_threads_for). */
+/* The length of the ranges that split count items over nt threads: a multiple of nt
+ * ranges, up to four per thread but none shorter than 64K items where that leaves
+ * more than one per thread (each range restarts the hardware prefetcher's streams),
+ * rounded up to a multiple of 16 (64 bytes of floats). */
+static inline int64_t mdl_range_step(int64_t count, int nt)
+{
+    int64_t k = count / 65536;
+    k = k < 4 * nt ? k / nt * nt : 4 * (int64_t)nt;
+    if (k < nt) k = nt;
+    const int64_t step = (count + k - 1) / k;
+    return step <= 16 ? 16 : (step + 15) & ~(int64_t)15;
+}
+
+/* Run `body` for ranges [lo, hi) that cover [0, count), handed out one at a time to
+ * the threads (mdl_range_step long): a thread that the machine delays leaves its
+ * ranges to the others.  `work` (scalar operations in all) decides how many threads
+ * (mdl_threads_for). */
 #define MDL_PARALLEL_RANGES(count, work, body)                                 \
     do {                                                                       \
         const int mdl_nt_ = mdl_threads_for(work);                             \
-        _Pragma("omp parallel for schedule(static) num_threads(mdl_nt_)")      \
-        for (int mdl_t_ = 0; mdl_t_ < mdl_nt_; mdl_t_++) {                     \
-            const int64_t lo = (count) * mdl_t_ / mdl_nt_;                     \
-            const int64_t hi = (count) * (mdl_t_ + 1) / mdl_nt_;               \
+        const int64_t mdl_step_ = mdl_range_step((count), mdl_nt_);            \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(mdl_nt_)")  \
+        for (int64_t lo = 0; lo < (count); lo += mdl_step_) {                  \
+            const int64_t hi = (count) - lo < mdl_step_ ? (count) : lo + mdl_step_; \
             body;                                                              \
         }                                                                      \
     } while (0)

@@ -733,40 +733,52 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
     const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0) : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
+    /* work in units of images (a Winograd call's group, an im2col group, or one
+     * image), handed out one at a time: a thread that the machine delays leaves its
+     * units to the other (under a competing load: up to 1.3x).  An image's output
+     * does not depend on its unit. */
+    const int64_t unit = wino == WINO_CHANNELS ? group : igroup;
+    const int64_t units = (s->n + unit - 1) / unit;
+#pragma omp parallel num_threads(nt)
+    {
+        int t, T;
+        MDL_THREAD_ID(t, T);
+        (void)T;
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *obuf = col + col_floats;
         float *bbuf = obuf + out_floats, *end = col + (g->per_thread / sizeof(float) - g->pool_floats);
-        const int64_t b1 = s->n * (t + 1) / nt;
         /* the output of image b + q of a call (before pooling), and the call's pooling */
 #define OUT2(b, q) (pl ? end + (q) * c_out * P : y + ((b) + (q)) * c_out * P)
 #define OUT(b) OUT2(b, 0)
 #define POOL(b, count)                                                                   \
     if (pl) mdl_pool_planes(&pl->g, pl->avg, pl->relu, (count) * c_out, end,            \
                             y + (b) * c_out * pl->g.ho * pl->g.wo)
-        for (int64_t b = s->n * t / nt; b < b1 && wino == WINO_CHANNELS; b += group) {
-            const int64_t count = b1 - b < group ? b1 - b : group;
-            mdl_winograd_avx512_images(s, g->ho, g->wo, pa, count, x + b * s->c_in * s->h * s->w,
-                                       in, bias, relu, sums ? sums + b * 2 * c_out : NULL,
-                                       beta != 0.0f, OUT(b), col);
-            POOL(b, count);
-        }
-        for (int64_t b = s->n * t / nt; b < b1 && igroup > 1; b += igroup) {
-            const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
-            for (int64_t q = 0; q < nb; q++)
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
-                                     col + q * P, gp, 0, K);
-            mdl_sgemm_avx2_packed(0, c_out, gp, K, pa, col, gp, 0.0f, obuf, gp, NULL, bbuf);
-            for (int64_t q = 0; q < nb; q++) {
-                spread(c_out, P, gp, obuf + q * P, bias, relu, beta, OUT2(b, q));
-                if (!sums) continue;
-                double *sb = sums + (b + q) * 2 * c_out;
-                for (int64_t c = 0; c < 2 * c_out; c++) sb[c] = 0.0;
-                mdl_conv_row_sums_avx2(c_out, P, OUT2(b, q), sb, sb + c_out);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t b = u * unit, count = s->n - b < unit ? s->n - b : unit;
+            if (wino == WINO_CHANNELS) {
+                mdl_winograd_avx512_images(s, g->ho, g->wo, pa, count,
+                                           x + b * s->c_in * s->h * s->w, in, bias, relu,
+                                           sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
+                                           OUT(b), col);
+                POOL(b, count);
+                continue;
             }
-            POOL(b, nb);
-        }
-        for (int64_t b = s->n * t / nt; b < b1 && wino != WINO_CHANNELS && igroup == 1; b++) {
+            if (igroup > 1) {
+                const int64_t gp = count * P;
+                for (int64_t q = 0; q < count; q++)
+                    mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
+                                         col + q * P, gp, 0, K);
+                mdl_sgemm_avx2_packed(0, c_out, gp, K, pa, col, gp, 0.0f, obuf, gp, NULL, bbuf);
+                for (int64_t q = 0; q < count; q++) {
+                    spread(c_out, P, gp, obuf + q * P, bias, relu, beta, OUT2(b, q));
+                    if (!sums) continue;
+                    double *sb = sums + (b + q) * 2 * c_out;
+                    for (int64_t c = 0; c < 2 * c_out; c++) sb[c] = 0.0;
+                    mdl_conv_row_sums_avx2(c_out, P, OUT2(b, q), sb, sb + c_out);
+                }
+                POOL(b, count);
+                continue;
+            }
             mdl_epilogue ep = {bias, relu, NULL, NULL};
             if (sums) {
                 ep.row_sum = sums + b * 2 * c_out;
@@ -1106,15 +1118,20 @@ static void backward_data_phases(const mdl_conv2d_shape *s, const conv_geom *g, 
     if (nt > s->n) nt = (int)s->n;
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
+#pragma omp parallel num_threads(nt)
+    {
+        int t, T;
+        MDL_THREAD_ID(t, T);
+        (void)T;
         float *dyp = ws + g->fixed / sizeof(float) + t * (g->per_thread / sizeof(float));
         float *buf = dyp + FLOATS(c_out * dplane);
         for (int64_t a = 0; a < d.sh; a++) /* phases without taps stay zero */
             for (int64_t b = 0; b < d.sw; b++)
                 if (!d.taps_h[a] || !d.taps_w[b])
                     memset(buf + at[a][b], 0, (size_t)(c_in * PHASE_P(&d, a, b)) * sizeof(float));
-        for (int64_t n = s->n * t / nt; n < s->n * (t + 1) / nt; n++) {
+        /* images handed out one at a time (see per_image) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t n = 0; n < s->n; n++) {
             const float *dyn = dy + n * c_out * g->P; /* padded, or as it is if it needs none */
             if (dplane != g->P) {
                 mdl_conv_phase_image_avx2(&pad, 1, 1, d.drows, d.dcols, dyn, NULL, dyp);

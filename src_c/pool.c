@@ -196,13 +196,21 @@ void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, 
     if (relu) (avx2 ? mdl_relu_forward_avx2 : mdl_relu_forward_scalar)(0, planes * ohw, y, y);
 }
 
-/* Run `body` for every plane p in [0, count), planes split statically over threads. */
-#define PLANES(count, work, body)                                       \
-    do {                                                                \
-        int nt = mdl_threads_for(work);                                 \
-        _Pragma("omp parallel for schedule(static) num_threads(nt)")    \
-        for (int64_t p = 0; p < (count); p++) { body; }                 \
+/* Run `body` for every plane p in [0, count), in runs of planes handed out one at a
+ * time to the threads (about four per thread; see MDL_PARALLEL_RANGES). */
+#define PLANES(count, work, body)                                             \
+    do {                                                                      \
+        int nt = mdl_threads_for(work);                                       \
+        const int64_t chunk = planes_chunk(count, nt);                        \
+        _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(nt)")  \
+        for (int64_t p = 0; p < (count); p++) { body; }                       \
     } while (0)
+
+static int64_t planes_chunk(int64_t count, int nt)
+{
+    const int64_t chunk = count / (4 * (int64_t)nt);
+    return chunk < 1 ? 1 : chunk;
+}
 
 
 #define CHECK_PTRS2(a, b) \
@@ -246,6 +254,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
         if (!planebuf) return mdl_error(MDL_ERR_ALLOC, "%s: no memory for %d planes of %lld "
                                         "floats", fn, nt, (long long)hw);
     }
+    const int64_t chunk = planes_chunk(planes, nt);
 #pragma omp parallel num_threads(nt)
     {
         float *mine = NULL;
@@ -256,7 +265,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
             mine = planebuf;
 #endif
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
         for (int64_t p = 0; p < planes; p++) {
             const float *xp = x + p * hw;
             if (mine) {
@@ -345,7 +354,8 @@ mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8
     for (int64_t t = 0; t < g.kh * g.kw; t++) to_row[t] = t / g.kw, to_col[t] = t % g.kw;
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     int bad = 0, nt = mdl_threads_for((double)planes * (double)(ohw + hw));
-#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
+    const int64_t chunk = planes_chunk(planes, nt);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nt) reduction(| : bad)
     for (int64_t p = 0; p < planes; p++)
         bad |= max_pool_back_taps(&g, tap + p * ohw, dy + p * ohw, dx + p * hw, to_row, to_col);
     MDL_CHECK(!bad, "%s: a tap lies outside its window's part inside the input: the taps must "
