@@ -7,12 +7,13 @@
 Per net (--models, default cifar10_quick:100,resnet20:128), --repeats rounds of
 fresh processes, in the order
 
+    D  minidl bench, 1 thread              (for the threading ratio T / 1 thread)
     A  minidl bench, --threads T           (python -m minidl bench ... --json)
     B  bench/torch_nets.py, NCHW, T threads
     C  bench/torch_nets.py, channels_last, T threads
-    D  minidl bench, 1 thread              (for the threading ratio T / 1 thread)
 
-A B C D A B C D ..., with --settle idle seconds before every run so that one
+D A B C D A B C ..., so that each ratio's two runs are close in time (the machine's
+speed drifts over minutes), with --settle idle seconds before every run so that one
 process's spinning worker threads do not slow the next.  Each run reports
 training and inference images/s (median step time after warm-up) and its own
 peak RSS.  minidl's SIMD level (MINIDL_SIMD) and the thread counts
@@ -55,6 +56,9 @@ from machine import cpu_model, git_commit
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 VARIANTS = ("minidl", "torch_nchw", "torch_channels_last", "minidl_1thread")
+# the order of a round's runs: minidl's two thread counts next to each other (their
+# ratio is the threading goal) and minidl next to PyTorch NCHW
+RUN_ORDER = ("minidl_1thread", "minidl", "torch_nchw", "torch_channels_last")
 TORCH_VARIANTS = ("torch_nchw", "torch_channels_last")
 LABELS = {"minidl": "minidl", "torch_nchw": "torch NCHW",
           "torch_channels_last": "torch channels_last", "minidl_1thread": "minidl 1 thread"}
@@ -346,7 +350,7 @@ def run_nets(args, models, env, info, progress=print) -> dict:
     for name, batch in models:
         runs = []
         for rnd in range(1, args.repeats + 1):
-            for variant in VARIANTS:
+            for variant in RUN_ORDER:
                 if variant.startswith("minidl"):
                     t = 1 if variant == "minidl_1thread" else args.threads
                     cmd = minidl_command(name, batch, args.steps, args.warmup, t, args.simd)
