@@ -212,7 +212,6 @@ static int64_t planes_chunk(int64_t count, int nt)
     return chunk < 1 ? 1 : chunk;
 }
 
-
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
 
