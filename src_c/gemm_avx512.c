@@ -18,8 +18,8 @@
  *           256 rows, B's rows 64-byte aligned; nor when each thread has columns
  *           of its own: then a group at a time below) and A, cooperatively; barrier
  *         each thread: its rows x its columns of the block, in column groups
- *           of NG micro-panels (kc x NG*NR, L2, packed here when the thread's
- *           own, again for each ic); inside a group one A
+ *           of NG micro-panels (kc x NG*NR, L2; packed just before use, for
+ *           each ic, when the columns are the thread's alone); inside a group one A
  *           micro-panel (MR x kc, L1) meets each B micro-panel in turn
  *         barrier
  *
