@@ -142,16 +142,15 @@ void mdl_bn_add_relu_backward_scalar(int64_t n, int64_t c, int64_t hw, int64_t c
 
 /* the checks: mdl_bn_check_* in checks.h */
 
-/* Split the channels into ranges, about four per thread, handed out one at a time
- * (a thread that the machine delays leaves its ranges to the other).  With hw == 1
- * the AVX2 kernels sweep 16 channels at a time, so the ranges are cut at multiples of
- * 16.  `passes` counts the sweeps over x. */
+/* Split the channels into ranges handed out one at a time (mdl_dynamic_chunk).  With
+ * hw == 1 the AVX2 kernels sweep 16 channels at a time, so the ranges are cut at
+ * multiples of 16.  `passes` counts the sweeps over x. */
 #define SPLIT_CHANNELS(passes, body)                                              \
     do {                                                                          \
         const int64_t unit = hw == 1 ? 16 : 1, units = (c + unit - 1) / unit;      \
         int nt = mdl_threads_for((double)n * (double)c * (double)hw * (passes));  \
         if (nt > units) nt = (int)units;                                          \
-        const int64_t step = unit * ((units + 4 * nt - 1) / (4 * nt));            \
+        const int64_t step = unit * mdl_dynamic_chunk(units, nt);                 \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nt)")          \
         for (int64_t c0 = 0; c0 < c; c0 += step) {                                \
             const int64_t c1 = c0 + step < c ? c0 + step : c;                     \

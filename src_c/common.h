@@ -47,6 +47,15 @@ int mdl_num_threads(void);
 #  define MDL_THREAD_ID(t, T) ((t) = 0, (T) = 1)
 #endif
 
+/* The size of the pieces that split count units about four to a thread, for loops
+ * that hand their work out one piece at a time (schedule(dynamic)): a thread that
+ * the machine delays leaves its pieces to the others. */
+static inline int64_t mdl_dynamic_chunk(int64_t count, int nt)
+{
+    const int64_t chunk = (count + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    return chunk < 1 ? 1 : chunk;
+}
+
 /* The length of the ranges that split count items over nt threads: a multiple of nt
  * ranges, up to four per thread but none shorter than 64K items where that leaves
  * more than one per thread (each range restarts the hardware prefetcher's streams),

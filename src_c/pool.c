@@ -197,20 +197,14 @@ void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, 
 }
 
 /* Run `body` for every plane p in [0, count), in runs of planes handed out one at a
- * time to the threads (about four per thread; see MDL_PARALLEL_RANGES). */
+ * time to the threads (mdl_dynamic_chunk). */
 #define PLANES(count, work, body)                                             \
     do {                                                                      \
         int nt = mdl_threads_for(work);                                       \
-        const int64_t chunk = planes_chunk(count, nt);                        \
+        const int64_t chunk = mdl_dynamic_chunk(count, nt);                   \
         _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(nt)")  \
         for (int64_t p = 0; p < (count); p++) { body; }                       \
     } while (0)
-
-static int64_t planes_chunk(int64_t count, int nt)
-{
-    const int64_t chunk = count / (4 * (int64_t)nt);
-    return chunk < 1 ? 1 : chunk;
-}
 
 #define CHECK_PTRS2(a, b) \
     MDL_CHECK((a) != NULL && (b) != NULL, "%s: " #a " and " #b " must not be NULL", fn)
@@ -253,7 +247,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
         if (!planebuf) return mdl_error(MDL_ERR_ALLOC, "%s: no memory for %d planes of %lld "
                                         "floats", fn, nt, (long long)hw);
     }
-    const int64_t chunk = planes_chunk(planes, nt);
+    const int64_t chunk = mdl_dynamic_chunk(planes, nt);
 #pragma omp parallel num_threads(nt)
     {
         float *mine = NULL;
@@ -353,7 +347,7 @@ mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8
     for (int64_t t = 0; t < g.kh * g.kw; t++) to_row[t] = t / g.kw, to_col[t] = t % g.kw;
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     int bad = 0, nt = mdl_threads_for((double)planes * (double)(ohw + hw));
-    const int64_t chunk = planes_chunk(planes, nt);
+    const int64_t chunk = mdl_dynamic_chunk(planes, nt);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(nt) reduction(| : bad)
     for (int64_t p = 0; p < planes; p++)
         bad |= max_pool_back_taps(&g, tap + p * ohw, dy + p * ohw, dx + p * hw, to_row, to_col);
