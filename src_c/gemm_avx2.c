@@ -1,28 +1,19 @@
 /* gemm_avx2.c -- blocked AVX2+FMA SGEMM (compiled with -mavx2 -mfma).
  *
- * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, in the BLIS style:
+ * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major (see gemm.h), through the
+ * drivers of gemm_blocked.h.
  *
- *   for jc over N in blocks of nc            B panel  (kc x nc) shared, ~L3
- *     for pc over K in blocks of kc
- *       for ic over M in blocks of mb        A block  (mb x kc) shared
- *         pack B (when ic == 0) and A, cooperatively; barrier
- *         each thread: its rows x its columns of the block, in L2-sized row
- *           groups (MC rows), B micro-panels (kc x 16, L1) inside, 6x16 tiles
- *         barrier
+ * Packed A holds alpha * op(A) in micro-panels of MR = 6 rows, packed B op(B) in
+ * micro-panels of NR = 16 columns; transposes are handled while packing.  The
+ * micro-kernel keeps a 6x16 tile of C in 12 ymm accumulators and broadcasts each
+ * element of A; tiles with fewer rows use the same kernel specialised for that
+ * row count, tiles with fewer columns go through a small temporary, and B read in
+ * place through lane masks.
  *
- * Packed A holds alpha * op(A) in micro-panels of MR = 6 rows (p-major, rows
- * padded with zeros); packed B holds op(B) in micro-panels of NR = 16 columns
- * (p-major, columns padded with zeros).  Transposes are handled while packing.
- * The micro-kernel keeps a 6x16 tile of C in 12 ymm accumulators; tiles with
- * fewer rows use the same kernel specialised for that row count, tiles with
- * fewer columns go through a small temporary.  The first K block applies
- * beta (beta == 0 stores without reading C), later ones add.
- *
- * Threads: one parallel region per call.  The threads form a tm x tn grid
- * over the tiles of each block (tm * tn = threads), chosen per call so that
- * small-M problems split over N and large ones over whichever balances
- * better.  The packed buffers are shared, so the workspace does not depend on
- * the thread count. */
+ * For the convolution, mdl_sgemm_avx2_pack_a / mdl_sgemm_avx2_packed multiply
+ * weights packed once by an image's columns on one thread, and
+ * mdl_sgemm_avx2_packed_rows by rows of an image read in place, with an epilogue
+ * (bias, ReLU, row sums). */
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
@@ -32,35 +23,26 @@
 
 #define MR 6
 #define NR 16
-#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
-#define MC 144       /* rows of A a thread sweeps per B micro-panel: 6 x 24, ~180 KiB in L2 */
+#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB; A micro-panel 7.5 KiB, in L1 */
+/* The shared-blocks driver: row groups of MC_PANELS A micro-panels (24 x 6 x 320
+ * floats = 180 KiB, in L2); a B micro-panel (kc x 16 floats, 20 KiB, in L1) meets each
+ * A micro-panel of the group in turn, and all of a thread's columns are one group
+ * (the 6 x 16 tile loads more of B than of A per step; measured against column
+ * groups of B in L2 with an A micro-panel in L1: 0.88-1.07x) */
+#define MC_PANELS 24
+#define B_PANEL_OUTER 1
+#define NG (NC_MAX / NR)
+#define LAZY_B 0
 #define MB_MAX 1536  /* rows of A packed per step */
 #define NC_MAX 4096  /* columns of B packed per step */
-
-typedef struct blocking {
-    int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
-} blocking;
-
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
-/* Blocks of nearly equal size no larger than the maxima. */
-static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
-{
-    blocking bl;
-    bl.kc = ceil_div(k, ceil_div(k, KC_MAX));
-    bl.mb = round_up(ceil_div(m, ceil_div(m, MB_MAX)), MR);
-    bl.nc = round_up(ceil_div(n, ceil_div(n, NC_MAX)), NR);
-    return bl;
-}
-
-size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k)
-{
-    if (m <= 0 || n <= 0 || k <= 0) return 0;
-    blocking bl = plan_blocks(m, n, k);
-    /* B panel first: its size is a multiple of 16 floats, so A stays 64-byte aligned */
-    return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
-}
+/* rows split when a K block of all of op(B) (kc x n) fits in half of a 512 KiB L2 */
+#ifndef ROWS_SPLIT_BLOCK
+#  define ROWS_SPLIT_BLOCK (64 * 1024)
+#endif
+#define ROWS_SPLIT_B_MAX (512 * 1024)
+#define ROWS_SPLIT_IN_PLACE_M (2 * MR)
+#define SHARED_IN_PLACE_M 0 /* B read in place with 6-row tiles: 64 x 1024 x 576 at 0.62x */
+#define B_ALIGN 8 /* floats in a ymm */
 
 /* ---- packing ------------------------------------------------------------------ */
 
@@ -150,17 +132,24 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 
 /* ---- micro-kernel ------------------------------------------------------------- */
 
-/* C tile (rows x cols, rows == ROWS <= MR, cols <= NR) = packed A micro-panel
- * @ packed B micro-panel + beta * C (beta == 0: C is not read), then, when ep is
- * not NULL, the epilogue on the final values of rows row0.. (see mdl_epilogue).
- * The accumulators are named variables (not an array) so that they stay in
- * registers; rows >= ROWS fold away at compile time.  Tiles with fewer columns
- * go through a small temporary. */
-#define ROW_FMA(r)                                                   \
-    if (ROWS > r) {                                                  \
-        __m256 av = _mm256_broadcast_ss(a + p * MR + r);             \
-        c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                  \
-        c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                  \
+/* C tile (rows x cols, rows == ROWS <= MR, cols <= NR) = A micro-panel @ B + beta * C
+ * (beta == 0: C is not read), then, when ep is not NULL, the epilogue on the final
+ * values of rows row0.. (see mdl_epilogue).  A is packed (a micro-panel, element
+ * (r, p) at a[p * MR + r]) or, with AIN, read in place (row r at a + r * lda_).
+ * B is, by BMODE: */
+enum {
+    B_PACKED,   /* a packed micro-panel: row p at b + p * NR */
+    B_IN_PLACE, /* row p at b + p * ldb, lanes past cols not read */
+    B_OFFSETS   /* row p: the 8 floats at b + off[p], then the 8 at b + off[p] + half */
+};
+/* The accumulators are named variables (not an array) so that they stay in
+ * registers; rows >= ROWS fold away at compile time.  Tiles with fewer columns go
+ * through a small temporary. */
+#define ROW_FMA(r)                                                              \
+    if (ROWS > r) {                                                             \
+        __m256 av = _mm256_broadcast_ss(AIN ? a + r * lda_ + p : a + p * MR + r); \
+        c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                             \
+        c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                             \
     }
 #define ROW_FINISH(r)                                                                   \
     if (ROWS > r) {                                                                     \
@@ -195,141 +184,97 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
     }
 }
 
-/* B is a packed panel b (row p at b + p * NR), or, when off is not NULL, rows read
- * in place: row p is the 8 floats at b + off[p] then the 8 at b + off[p] + half
- * (any alignment). */
 static inline __attribute__((always_inline)) void
-kernel_rows(const int ROWS, int64_t kc, const float *restrict a, const float *restrict b,
+kernel_rows(const int ROWS, const int AIN, const int BMODE, int64_t lda_, int64_t kc,
+            const float *restrict a, const float *restrict b, int64_t ldb,
             const int64_t *restrict off, int64_t half, float *c, int64_t ldc, int cols,
             float beta, const mdl_epilogue *ep, int64_t row0)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    if (off) {
+    const __m256i bm0 = mdl_lane_mask(0, cols), bm1 = mdl_lane_mask(0, cols - 8);
+    const int whole = cols == NR;
 #pragma GCC unroll 4
-        for (int64_t p = 0; p < kc; p++) {
-            const float *bp = b + off[p];
-            __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + half);
-            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+    for (int64_t p = 0; p < kc; p++) {
+        __m256 b0, b1;
+        if (BMODE == B_OFFSETS) {
+            b0 = _mm256_loadu_ps(b + off[p]);
+            b1 = _mm256_loadu_ps(b + off[p] + half);
+        } else if (BMODE == B_IN_PLACE) {
+            const float *bp = b + p * ldb;
+            b0 = whole ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, bm0);
+            b1 = whole ? _mm256_loadu_ps(bp + 8) : _mm256_maskload_ps(bp + 8, bm1);
+        } else {
+            b0 = _mm256_load_ps(b + p * NR);
+            b1 = _mm256_load_ps(b + p * NR + 8);
         }
-    } else {
-#pragma GCC unroll 4
-        for (int64_t p = 0; p < kc; p++) {
-            __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
-            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
-        }
+        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
     }
     const __m256 vb = _mm256_set1_ps(beta);
     float tmp[MR * NR];
     float *cp = c;
     int64_t ldp = ldc;
     __m256 m0 = _mm256_castsi256_ps(mdl_lane_mask(0, 8)), m1 = m0;
-    if (cols < NR) {
+    if (!whole) {
         cp = tmp;
         ldp = NR;
-        m0 = _mm256_castsi256_ps(mdl_lane_mask(0, cols));
-        m1 = _mm256_castsi256_ps(mdl_lane_mask(0, cols - 8));
+        m0 = _mm256_castsi256_ps(bm0);
+        m1 = _mm256_castsi256_ps(bm1);
         if (beta != 0.0f)
             for (int r = 0; r < ROWS; r++) memcpy(tmp + r * NR, c + r * ldc, (size_t)cols * 4);
     }
     ROW_FINISH(0) ROW_FINISH(1) ROW_FINISH(2) ROW_FINISH(3) ROW_FINISH(4) ROW_FINISH(5)
-    if (cols < NR)
+    if (!whole)
         for (int r = 0; r < ROWS; r++) memcpy(c + r * ldc, tmp + r * NR, (size_t)cols * 4);
 }
 
-static void kernel_at(int rows, int64_t kc, const float *a, const float *b, const int64_t *off,
-                      int64_t half, float *c, int64_t ldc, int cols, float beta,
-                      const mdl_epilogue *ep, int64_t row0)
+/* A tile of `rows` rows: A packed (a_ld == 0) or in place (row stride a_ld); B packed
+ * (b_ld == 0, off == NULL), in place (row stride b_ld) or rows at offsets (off); an
+ * epilogue (ep) or none. */
+static void tile(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b, int64_t b_ld,
+                 const int64_t *off, int64_t half, float *c, int64_t ldc, int cols, float beta,
+                 const mdl_epilogue *ep, int64_t row0)
 {
+#define K(R, AIN, BMODE) kernel_rows(R, AIN, BMODE, a_ld, kc, a, b, b_ld, off, half, c, ldc, cols, \
+                                     beta, ep, row0)
+#define KERNEL_CASE(R)                                                  \
+    case R:                                                            \
+        if (off) K(R, 0, B_OFFSETS);                                   \
+        else if (a_ld && b_ld) K(R, 1, B_IN_PLACE);                    \
+        else if (a_ld) K(R, 1, B_PACKED);                              \
+        else if (b_ld) K(R, 0, B_IN_PLACE);                            \
+        else K(R, 0, B_PACKED);                                        \
+        break;
     switch (rows) {
-    case 6: kernel_rows(6, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
-    case 5: kernel_rows(5, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
-    case 4: kernel_rows(4, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
-    case 3: kernel_rows(3, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
-    case 2: kernel_rows(2, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
-    default: kernel_rows(1, kc, a, b, off, half, c, ldc, cols, beta, ep, row0); break;
+    KERNEL_CASE(6) KERNEL_CASE(5) KERNEL_CASE(4) KERNEL_CASE(3) KERNEL_CASE(2)
+    default:
+    KERNEL_CASE(1)
     }
+#undef KERNEL_CASE
+#undef K
 }
 
-static void kernel(int rows, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                   int cols, float beta, const mdl_epilogue *ep, int64_t row0)
+/* The tile kernel of the drivers (gemm_blocked.h) */
+static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b, int64_t b_ld,
+                   float *c, int64_t ldc, int cols, float beta)
 {
-    kernel_at(rows, kc, a, b, NULL, 0, c, ldc, cols, beta, ep, row0);
+    tile(rows, kc, a, a_ld, b, b_ld, NULL, 0, c, ldc, cols, beta, NULL, 0);
 }
 
-/* ---- driver ------------------------------------------------------------------- */
+/* ---- drivers (gemm_blocked.h) ------------------------------------------------- */
+
+#include "gemm_blocked.h"
+
+size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k)
+{
+    return blocked_workspace_floats(m, n, k);
+}
 
 void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc, float *ws)
 {
-    const blocking bl = plan_blocks(m, n, k);
-    float *const bpack = ws;
-    float *const apack = ws + bl.kc * bl.nc;
-    /* one thread below ~0.5M multiply-adds; never more threads than tiles */
-    int nt = mdl_threads_for((double)m * n * k / 8.0);
-    int64_t tiles = ceil_div(bl.mb < m ? bl.mb : m, MR) * ceil_div(bl.nc < n ? bl.nc : n, NR);
-    if (nt > tiles) nt = (int)tiles;
-
-#pragma omp parallel num_threads(nt)
-    {
-        int t, T;
-        MDL_THREAD_ID(t, T);
-        int tm = 1, tn = 1;
-        mdl_gemm_grid(T, ceil_div(bl.mb < m ? bl.mb : m, MR), ceil_div(bl.nc < n ? bl.nc : n, NR),
-                    &tm, &tn);
-        const int ti = t / tn, tj = t % tn;
-
-        for (int64_t jc = 0; jc < n; jc += bl.nc) {
-            const int64_t nb = n - jc < bl.nc ? n - jc : bl.nc;
-            const int64_t npan = ceil_div(nb, NR);
-            const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
-            for (int64_t pc = 0; pc < k; pc += bl.kc) {
-                const int64_t kb = k - pc < bl.kc ? k - pc : bl.kc;
-                const float beta_eff = pc == 0 ? beta : 1.0f;
-                for (int64_t ic = 0; ic < m; ic += bl.mb) {
-                    const int64_t mbk = m - ic < bl.mb ? m - ic : bl.mb;
-                    const int64_t mpan = ceil_div(mbk, MR);
-                    const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
-
-                    /* pack: my column panels are shared with the tm threads of my
-                     * grid column, my row panels with the tn threads of my row */
-                    if (ic == 0) {
-                        int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
-                        for (int64_t q = lo; q < hi; q++) {
-                            int64_t cols = nb - q * NR < NR ? nb - q * NR : NR;
-                            pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)cols, kb,
-                                   bpack + q * NR * kb);
-                        }
-                    }
-                    {
-                        int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
-                        for (int64_t q = lo; q < hi; q++) {
-                            int64_t rows = mbk - q * MR < MR ? mbk - q * MR : MR;
-                            pack_a(trans_a, a, lda, ic + q * MR, pc, (int)rows, kb, alpha,
-                                   apack + q * MR * kb);
-                        }
-                    }
-#pragma omp barrier
-                    /* compute my rows [r0, r1) x columns [c0, c1) of the block */
-                    for (int64_t rg = r0; rg < r1; rg += MC / MR) {
-                        const int64_t rg1 = rg + MC / MR < r1 ? rg + MC / MR : r1;
-                        for (int64_t q = c0; q < c1; q++) {
-                            const int64_t cols = nb - q * NR < NR ? nb - q * NR : NR;
-                            const float *bp = bpack + q * NR * kb;
-                            for (int64_t pr = rg; pr < rg1; pr++) {
-                                const int64_t rows = mbk - pr * MR < MR ? mbk - pr * MR : MR;
-                                kernel((int)rows, kb, apack + pr * MR * kb, bp,
-                                       c + (ic + pr * MR) * ldc + jc + q * NR, ldc, (int)cols,
-                                       beta_eff, NULL, 0);
-                            }
-                        }
-                    }
-#pragma omp barrier
-                }
-            }
-        }
-    }
+    blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
 }
 
 /* ---- pre-packed A, one thread (for callers that reuse A over many products) ---- */
@@ -383,8 +328,9 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
             for (int64_t i = 0; i < m; i += MR) {
                 const int rows = m - i < MR ? (int)(m - i) : MR;
                 for (int64_t j = 0; j < nc; j += NR)
-                    kernel(rows, kb, pa + pc * mp + i * kb, bbuf + j * kb, c + i * ldc + jc + j,
-                           ldc, nc - j < NR ? (int)(nc - j) : NR, beta_eff, last, i);
+                    tile(rows, kb, pa + pc * mp + i * kb, 0, bbuf + j * kb, 0, NULL, 0,
+                         c + i * ldc + jc + j, ldc, nc - j < NR ? (int)(nc - j) : NR, beta_eff,
+                         last, i);
             }
         }
     }
@@ -401,8 +347,8 @@ void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const flo
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
         for (int64_t i = 0; i < m; i += MR) {
             const int rows = m - i < MR ? (int)(m - i) : MR;
-            kernel_at(rows, kb, pa + pc * mp + i * kb, b, off + pc, half, c + i * ldc, ldc, NR,
-                      beta_eff, last, i);
+            tile(rows, kb, pa + pc * mp + i * kb, 0, b, 0, off + pc, half, c + i * ldc, ldc, NR,
+                 beta_eff, last, i);
         }
     }
 }

@@ -1,37 +1,13 @@
 /* gemm_avx512.c -- blocked AVX-512F SGEMM (compiled with -mavx512f -mavx2 -mfma).
  *
  * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, the same contract as
- * gemm_avx2.c (see gemm.h).  Two drivers, chosen from the shape alone:
+ * gemm_avx2.c (see gemm.h), through the drivers of gemm_blocked.h.
  *
- * rows split (rows_split), when a K block of all of op(B) fits in L2 and all of
- * op(B) is small: op(B) is packed whole up front, or read in place when it is not
- * transposed and C has few rows; then each thread takes its own A micro-panels
- * (read in place when op(A) is not transposed and alpha is 1, else packed) and
- * sweeps all of N with each.  One barrier at most.
- *
- * shared blocks, otherwise, BLIS-style:
- *
- *   for jc over N in blocks of nc            B panel  (kc x nc) shared
- *     for pc over K in blocks of kc
- *       for ic over M in blocks of mb        A block  (mb x kc) shared
- *         pack B (when ic == 0; not when it is read in place: C of at most
- *           256 rows, B's rows 64-byte aligned; nor when each thread has columns
- *           of its own: then a group at a time below) and A, cooperatively; barrier
- *         each thread: its rows x its columns of the block, in column groups
- *           of NG micro-panels (kc x NG*NR, L2; packed just before use, for
- *           each ic, when the columns are the thread's alone); inside a group one A
- *           micro-panel (MR x kc, L1) meets each B micro-panel in turn
- *         barrier
- *
- * Packed A holds alpha * op(A) in micro-panels of MR rows (p-major, rows
- * padded with zeros); packed B holds op(B) in micro-panels of NR = 32 columns
- * (p-major, columns padded with zeros).  The micro-kernel keeps an MR x 32
- * tile of C in 2 * MR zmm accumulators (MR = 14: 28 of the 32 registers) and
- * broadcasts each element of A.  Tiles with fewer rows use the same kernel
- * specialised for that row count; tiles with fewer columns load and store C,
- * and B read in place, through lane masks.  The first K block applies beta
- * (beta == 0 stores without reading C), later ones add, so every element of C
- * is summed in the same order whatever the thread count.
+ * Packed B holds op(B) in micro-panels of NR = 32 columns.  The micro-kernel keeps
+ * an MR x 32 tile of C in 2 * MR zmm accumulators (MR = 14: 28 of the 32
+ * registers) and broadcasts each element of A.  Tiles with fewer rows use the
+ * same kernel specialised for that row count; tiles with fewer columns load and
+ * store C, and B read in place, through lane masks.
  *
  * For the convolution, mdl_sgemm_avx512_packed_rows multiplies weights packed in
  * 16-row panels by 16-pixel rows of an image read in place (one zmm per output
@@ -62,6 +38,9 @@
 #  define NG 8       /* B micro-panels per column group: 8 x 32 x 384 floats = 384 KiB, in L2 */
 #endif
 #define MB_MAX (MR * 110)  /* rows of A packed per step (1540 at MR = 14) */
+#define MC_PANELS (MB_MAX / MR) /* a row group is all of the block's rows */
+#define B_PANEL_OUTER 0
+#define LAZY_B 1
 #define NC_MAX 4096        /* columns of B packed per step */
 /* The rows-split driver: when one K block of all of op(B)'s columns fits in L2
  * (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small (ROWS_SPLIT_B_MAX), op(B)
@@ -85,45 +64,6 @@
 #  define SHARED_IN_PLACE_M 256
 #endif
 
-typedef struct blocking {
-    int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
-} blocking;
-
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Blocks of nearly equal size no larger than the maxima. */
-static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
-{
-    blocking bl;
-    bl.kc = ceil_div(k, ceil_div(k, KC_MAX));
-    bl.mb = round_up(ceil_div(m, ceil_div(m, MB_MAX)), MR);
-    bl.nc = round_up(ceil_div(n, ceil_div(n, NC_MAX)), NR);
-    return bl;
-}
-
-/* Which driver a shape takes (from the shape alone, so that the workspace does not
- * depend on the thread count). */
-enum { SHARED_BLOCKS, ROWS_SPLIT_PACKED, ROWS_SPLIT_IN_PLACE };
-
-static int plan_driver(int trans_b, int64_t m, int64_t n, int64_t k, const blocking *bl)
-{
-    const int64_t nw = round_up(n, NR);
-    if (bl->kc * nw > ROWS_SPLIT_BLOCK || k * nw > ROWS_SPLIT_B_MAX) return SHARED_BLOCKS;
-    return !trans_b && m <= ROWS_SPLIT_IN_PLACE_M ? ROWS_SPLIT_IN_PLACE : ROWS_SPLIT_PACKED;
-}
-
-size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k)
-{
-    if (m <= 0 || n <= 0 || k <= 0) return 0;
-    blocking bl = plan_blocks(m, n, k);
-    /* transposed or not: the workspace's size does not depend on it */
-    if (plan_driver(1, m, n, k, &bl) != SHARED_BLOCKS) return (size_t)(k * round_up(n, NR));
-    /* B panel first: its size is a multiple of 32 floats, so A stays 64-byte aligned */
-    return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
-}
-
 /* The lowest `count` lanes (count clamped to [0, 16]). */
 static inline __mmask16 lanes(int64_t count)
 {
@@ -131,7 +71,6 @@ static inline __mmask16 lanes(int64_t count)
 }
 
 /* ---- packing ------------------------------------------------------------------ */
-
 
 /* Store the low `count` floats of an 8-wide vector (count <= 8). */
 static inline void store8_lanes(float *dst, __m256 v, int count)
@@ -226,28 +165,6 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
         int j = 0;
         for (; j < cols; j++) dst[p * NR + j] = src[j][p];
         for (; j < NR; j++) dst[p * NR + j] = 0.0f;
-    }
-}
-
-/* `panels` micro-panels of op(B)'s columns from j0 (ncols columns left there), K rows
- * [p0, p0 + kc), at dst + q * NR * kc.  Not transposed, row by row across all the
- * panels: each row of B is read as one contiguous run that the hardware prefetcher
- * streams (panel by panel, every 128 bytes read would start a new run ldb away). */
-static void pack_b_panels(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t p0,
-                          int64_t panels, int64_t ncols, int64_t kc, float *dst)
-{
-    if (trans_b || panels * NR > ncols) {
-        for (int64_t q = 0; q < panels; q++)
-            pack_b(trans_b, b, ldb, j0 + q * NR, p0, (int)min64(ncols - q * NR, NR), kc,
-                   dst + q * NR * kc);
-        return;
-    }
-    for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0;
-        for (int64_t q = 0; q < panels; q++)
-            for (int v = 0; v < NRV; v++)
-                _mm512_store_ps(dst + q * NR * kc + p * NR + 16 * v,
-                                _mm512_loadu_ps(src + q * NR + 16 * v));
     }
 }
 
@@ -421,158 +338,21 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
 #undef KERNEL_CASE
 }
 
-/* ---- drivers ------------------------------------------------------------------ */
+/* ---- drivers (gemm_blocked.h) ------------------------------------------------- */
 
-/* Rows split: op(B) is packed whole (every K block, one after the other, kc x nw
- * each) by all threads together, or read in place; then each thread takes its own
- * row panels of C and, K block by K block, packs one A micro-panel at a time into
- * its own buffer and sweeps all of N with it.  One barrier (none in place),
- * against two per K block in the shared-blocks driver: for thin problems, whose
- * work between barriers is short. */
-static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                       float beta, float *c, int64_t ldc, int64_t kc, float *bpack)
+#define B_ALIGN 16 /* floats in a zmm */
+#include "gemm_blocked.h"
+
+size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k)
 {
-    const int64_t npan = ceil_div(n, NR), nkb = ceil_div(k, kc);
-    /* with a single fork and join, two threads pay from about 128K multiply-adds */
-    int nt = mdl_threads_for((double)m * n * k / 2.0);
-    if (nt > m) nt = (int)m;
-    /* row panels: a multiple of the thread count, rows spread evenly over them (panel
-     * pr is rows [pr * m / mpan, (pr + 1) * m / mpan)) */
-    const int64_t mpan = round_up(ceil_div(m, MR), nt);
-    /* A read in place: each micro-panel of A meets only ceil(n / NR) micro-panels of
-     * B, too few to repay packing it (256 x 64 x 2304: 1.13x) */
-    const int a_in = !trans_a && alpha == 1.0f;
-    const int64_t a_ld = a_in ? lda : 0;
-
-#pragma omp parallel num_threads(nt)
-    {
-        int t, T;
-        MDL_THREAD_ID(t, T);
-        if (!in_place) {
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < nkb * npan; i++) {
-                const int64_t pc = i / npan * kc, q = i % npan, kb = min64(k - pc, kc);
-                pack_b(trans_b, b, ldb, q * NR, pc, (int)min64(n - q * NR, NR), kb,
-                       bpack + pc * npan * NR + q * NR * kb);
-            }
-        }
-        float apanel[MR * KC_MAX] __attribute__((aligned(64)));
-        const int64_t r0 = mpan * t / T, r1 = mpan * (t + 1) / T;
-        for (int64_t pc = 0; pc < k; pc += kc) {
-            const int64_t kb = min64(k - pc, kc);
-            const float beta_eff = pc == 0 ? beta : 1.0f;
-            for (int64_t pr = r0; pr < r1; pr++) {
-                const int64_t i0 = pr * m / mpan;
-                const int rows = (int)((pr + 1) * m / mpan - i0);
-                if (!a_in) pack_a(trans_a, a, lda, i0, pc, rows, kb, alpha, apanel);
-                const float *ap = a_in ? a + i0 * lda + pc : apanel;
-                float *crow = c + i0 * ldc;
-                for (int64_t q = 0; q < npan; q++) {
-                    const int cols = (int)min64(n - q * NR, NR);
-                    if (in_place)
-                        kernel(rows, kb, ap, a_ld, b + pc * ldb + q * NR, ldb, crow + q * NR, ldc,
-                               cols, beta_eff);
-                    else
-                        kernel(rows, kb, ap, a_ld, bpack + pc * npan * NR + q * NR * kb, 0,
-                               crow + q * NR, ldc, cols, beta_eff);
-                }
-            }
-        }
-    }
+    return blocked_workspace_floats(m, n, k);
 }
 
 void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                       float *c, int64_t ldc, float *ws)
 {
-    const blocking bl = plan_blocks(m, n, k);
-    const int driver = plan_driver(trans_b, m, n, k, &bl);
-    if (driver != SHARED_BLOCKS) {
-        rows_split(driver == ROWS_SPLIT_IN_PLACE, trans_a, trans_b, m, n, k, alpha, a, lda, b,
-                   ldb, beta, c, ldc, bl.kc, ws);
-        return;
-    }
-    float *const bpack = ws;
-    float *const apack = ws + bl.kc * bl.nc;
-    const int b_in_place = !trans_b && m <= SHARED_IN_PLACE_M && (uintptr_t)b % 64 == 0 &&
-                           ldb % 16 == 0;
-    const int64_t mt = ceil_div(min64(bl.mb, m), MR), ntl = ceil_div(min64(bl.nc, n), NR);
-    /* one thread below ~0.5M multiply-adds; never more threads than tiles */
-    int nt = mdl_threads_for((double)m * n * k / 8.0);
-    if (nt > mt * ntl) nt = (int)(mt * ntl);
-
-#pragma omp parallel num_threads(nt)
-    {
-        int t, T;
-        MDL_THREAD_ID(t, T);
-        int tm = 1, tn = 1;
-        mdl_gemm_grid(T, mt, ntl, &tm, &tn);
-        const int ti = t / tn, tj = t % tn;
-        /* when no other thread shares my columns, B is packed a column group at a
-         * time, just before its kernels, into the start of my share of the B buffer,
-         * where it stays in L2 (128 x 4096 x 1152: 1.07x) */
-        const int lazy_b = tm == 1 && !b_in_place;
-
-        for (int64_t jc = 0; jc < n; jc += bl.nc) {
-            const int64_t nb = min64(n - jc, bl.nc);
-            const int64_t npan = ceil_div(nb, NR);
-            const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
-            float *const bgroup = bpack + c0 * NR * min64(k, bl.kc);
-            for (int64_t pc = 0; pc < k; pc += bl.kc) {
-                const int64_t kb = min64(k - pc, bl.kc);
-                const float beta_eff = pc == 0 ? beta : 1.0f;
-                for (int64_t ic = 0; ic < m; ic += bl.mb) {
-                    const int64_t mbk = min64(m - ic, bl.mb);
-                    /* rows spread evenly over the panels (16 rows: 8 + 8, not 14 + 2): a
-                     * tile of few rows does few FMAs per load of B */
-                    const int64_t mpan = ceil_div(mbk, MR), h = ceil_div(mbk, mpan);
-                    const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
-
-                    /* pack: my column panels are shared with the tm threads of my
-                     * grid column, my row panels with the tn threads of my row */
-                    if (ic == 0 && !b_in_place && !lazy_b) {
-                        int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
-                        for (int64_t q = lo; q < hi; q++)
-                            pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)min64(nb - q * NR, NR),
-                                   kb, bpack + q * NR * kb);
-                    }
-                    {
-                        int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
-                        for (int64_t q = lo; q < hi; q++)
-                            pack_a(trans_a, a, lda, ic + q * h, pc, (int)min64(mbk - q * h, h),
-                                   kb, alpha, apack + q * MR * kb);
-                    }
-#pragma omp barrier
-                    /* my rows [r0, r1) x columns [c0, c1): column groups of NG
-                     * micro-panels (L2), one A micro-panel (L1) against each */
-                    for (int64_t cg = c0; cg < c1; cg += NG) {
-                        const int64_t cg1 = min64(cg + NG, c1);
-                        if (lazy_b)
-                            pack_b_panels(trans_b, b, ldb, jc + cg * NR, pc, cg1 - cg,
-                                          nb - cg * NR, kb, bgroup);
-                        for (int64_t pr = r0; pr < r1; pr++) {
-                            const int rows = (int)min64(mbk - pr * h, h);
-                            const float *ap = apack + pr * MR * kb;
-                            float *crow = c + (ic + pr * h) * ldc + jc;
-                            for (int64_t q = cg; q < cg1; q++) {
-                                const int cols = (int)min64(nb - q * NR, NR);
-                                if (b_in_place)
-                                    kernel(rows, kb, ap, 0, b + pc * ldb + jc + q * NR, ldb,
-                                           crow + q * NR, ldc, cols, beta_eff);
-                                else
-                                    kernel(rows, kb, ap, 0,
-                                           lazy_b ? bgroup + (q - cg) * NR * kb
-                                                  : bpack + q * NR * kb,
-                                           0, crow + q * NR, ldc, cols, beta_eff);
-                            }
-                        }
-                    }
-#pragma omp barrier
-                }
-            }
-        }
-    }
+    blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
 }
 
 /* ---- B rows read in place (convolution): panels of 16 rows x 16 pixels ---------- */
