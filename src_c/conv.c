@@ -14,9 +14,9 @@
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
  *    stride 1 and no padding; images under GROUP_COLUMNS pixels go several to a
  *    GEMM, their column matrices side by side).  Winograd (winograd_avx512.c,
- *    winograd_avx2.c) replaces the GEMM where use_winograd says.  Forward: y[b] = W @ col(x[b]),
- *    with bias and ReLU applied by the GEMM's epilogue while each tile is in
- *    registers, and the channel sums taken by it or, on the in-place path, from
+ *    winograd8_avx2.c, winograd_avx2.c) replaces the GEMM where use_winograd says.
+ *    Forward: y[b] = W @ col(x[b]), with bias and ReLU applied by the GEMM's
+ *    epilogue while each tile is in registers, and the channel sums taken by it or, on the in-place path, from
  *    each image's output while it is in the cache.  The fused forward and weight
  *    gradient read x through a per-channel map (mdl_affine: a BatchNorm's
  *    normalisation and ReLU) as they copy each image into its phase planes, or
@@ -29,7 +29,8 @@
  *    col2im.  Backward-weights: each thread adds
  *    dy[b] @ col(x[b])^T over its images into its own partial dw (with rows a
  *    multiple of 8 wide, as dot products over the phase planes; by Winograd where
- *    the forward takes winograd_avx512.c); the partials are added in thread order.
+ *    the forward takes winograd_avx512.c or winograd8_avx2.c); the partials are added
+ *    in thread order.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -45,16 +46,16 @@
 /* the shape check: mdl_conv2d_check_shape in checks.h */
 #define CHUNK_FLOATS (2 << 20)            /* target size of a chunk's column + output buffers */
 #define DIRECT_DATA_MIN_C_IN 8            /* see transposed_shape */
-/* MDL_CONV_AUTO, where winograd_avx512.c does not apply: winograd_avx2.c's F(2x2, 3x3)
+/* MDL_CONV_AUTO, where neither channel Winograd applies: winograd_avx2.c's F(2x2, 3x3)
  * from this many input and output channels and output rows at least this wide
  * (measured in bench/NOTES.md: below, its transforms cost more than the
  * multiplications it saves; its F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
-/* MDL_CONV_AUTO: winograd_avx512.c up to c_in * c_out = 128 * 128: beyond, its transformed
- * weights (36 c_in c_out floats, 2.25 MiB here) no longer stay in the cache, and 512
- * channels at 4x4 ran at 0.2-0.5x of the GEMM (bench/NOTES.md) */
-#define WINOGRAD_AVX512_MAX_CC (128 * 128)
+/* MDL_CONV_AUTO: winograd_avx512.c and winograd8_avx2.c up to c_in * c_out = 128 * 128:
+ * beyond, the transformed weights (36 c_in c_out floats, 2.25 MiB here) no longer stay
+ * in the cache, and 512 channels at 4x4 ran at 0.2-0.5x of the GEMM (bench/NOTES.md) */
+#define WINOGRAD_CHANNELS_MAX_CC (128 * 128)
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -94,6 +95,8 @@ static size_t winograd_fixed(const mdl_conv2d_shape *s)
     size_t f = 0;
 #if MDL_X86
     if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd_applies(s)) f = mdl_winograd_fixed_floats(s);
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+        f = max_size(f, mdl_winograd8_fixed_floats(s));
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         f = max_size(f, mdl_winograd_avx512_fixed_floats(s));
 #endif
@@ -107,6 +110,8 @@ static size_t winograd_thread(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 #if MDL_X86
     if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd_applies(s))
         f = mdl_winograd_thread_floats(s, ho, wo);
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+        f = max_size(f, mdl_winograd8_thread_floats(s, ho, wo));
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         f = max_size(f, mdl_winograd_avx512_thread_floats(s, ho, wo));
 #endif
@@ -180,17 +185,20 @@ static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
 
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
  * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512
- * vectors (winograd_avx512.c; taken before the other where the CPU and the shape allow
- * it) */
-enum { GEMM = 0, WINO_TILES, WINO_CHANNELS };
+ * vectors (winograd_avx512.c) or, at the AVX2 level, in AVX2 vectors (winograd8_avx2.c);
+ * the channel ones are taken before the other where the CPU and the shape allow it */
+enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8 };
 static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
 {
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
     if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) &&
-        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_AVX512_MAX_CC))
+        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_CHANNELS_MAX_CC))
         return WINO_CHANNELS;
+    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s) &&
+        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_CHANNELS_MAX_CC))
+        return WINO_CHANNELS8;
     return mdl_winograd_applies(s) &&
                    (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&
                                                s->c_out >= WINOGRAD_MIN_C && wo >= WINOGRAD_MIN_WO))
@@ -390,6 +398,8 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                               (gp > g->P ? FLOATS(s->c_out * gp) : 0) + img);
 #if MDL_X86
     /* or Winograd's partial dU and buffers */
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+        per_w = max_size(per_w, mdl_winograd8_grad_thread_floats(s, g->ho, g->wo));
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
 #endif
@@ -427,6 +437,8 @@ static mdl_status pooled_geometry(const char *fn, const mdl_conv2d_shape *s,
     if ((st = mdl_pool_geometry(fn, pool, pg)) != MDL_OK) return st;
     int64_t group = im2col_group(g->P, g->pointwise);
 #if MDL_X86
+    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+        group = max_size(group, mdl_winograd8_group(s, g->ho, g->wo, 0));
     if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         group = max_size(group, mdl_winograd_avx512_group(s, g->ho, g->wo, 0));
 #endif
@@ -692,6 +704,8 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
 {
     if (wino == WINO_CHANNELS)
         mdl_winograd_avx512_weights(s, w, pa);
+    else if (wino == WINO_CHANNELS8)
+        mdl_winograd8_weights(s, w, pa);
     else if (wino)
         mdl_winograd_weights(s, w, pa);
     else if (rows_in_place(s, g->ho, g->wo) && mdl_use_avx512())
@@ -732,12 +746,15 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     int64_t *off = (int64_t *)(pa + weights_floats(s, K));
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
-    const int64_t group = wino == WINO_CHANNELS ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0) : 1;
+    const int channels = wino == WINO_CHANNELS || wino == WINO_CHANNELS8;
+    const int64_t group = wino == WINO_CHANNELS    ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0)
+                          : wino == WINO_CHANNELS8 ? mdl_winograd8_group(s, g->ho, g->wo, 0)
+                                                   : 1;
     /* work in units of images (a Winograd call's group, an im2col group, or one
      * image), handed out one at a time: a thread that the machine delays leaves its
      * units to the other (under a competing load: up to 1.3x).  An image's output
      * does not depend on its unit. */
-    const int64_t unit = wino == WINO_CHANNELS ? group : igroup;
+    const int64_t unit = channels ? group : igroup;
     const int64_t units = (s->n + unit - 1) / unit;
 #pragma omp parallel num_threads(nt)
     {
@@ -755,11 +772,10 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {
             const int64_t b = u * unit, count = s->n - b < unit ? s->n - b : unit;
-            if (wino == WINO_CHANNELS) {
-                mdl_winograd_avx512_images(s, g->ho, g->wo, pa, count,
-                                           x + b * s->c_in * s->h * s->w, in, bias, relu,
-                                           sums ? sums + b * 2 * c_out : NULL, beta != 0.0f,
-                                           OUT(b), col);
+            if (channels) {
+                (wino == WINO_CHANNELS ? mdl_winograd_avx512_images : mdl_winograd8_images)(
+                    s, g->ho, g->wo, pa, count, x + b * s->c_in * s->h * s->w, in, bias, relu,
+                    sums ? sums + b * 2 * c_out : NULL, beta != 0.0f, OUT(b), col);
                 POOL(b, count);
                 continue;
             }
@@ -828,15 +844,16 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 }
 
 #if MDL_X86
-/* dw by Winograd (winograd_avx512.c): each thread adds its share of the images into its
+/* dw by Winograd (winograd_avx512.c, or winograd8_avx2.c with avx512 0): each thread adds its share of the images into its
  * own partial dU (doubles, per_thread bytes apart), then each sets a share of dw's
  * channel pairs from the partials' sum in thread order */
 static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                              const mdl_affine *in, const float *dy, float *dw, int accumulate,
-                             float *ws, size_t stride, int nt)
+                             float *ws, size_t stride, int nt, int avx512)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, pairs = c_in * c_out;
-    const int64_t group = mdl_winograd_avx512_group(s, g->ho, g->wo, 1);
+    const int64_t group = (avx512 ? mdl_winograd_avx512_group : mdl_winograd8_group)(s, g->ho,
+                                                                                      g->wo, 1);
 #pragma omp parallel num_threads(nt)
     {
         int t, T;
@@ -845,13 +862,13 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
         memset(du, 0, (size_t)(36 * pairs) * sizeof(double));
         const int64_t b1 = s->n * (t + 1) / T;
         for (int64_t b = s->n * t / T; b < b1; b += group)
-            mdl_winograd_avx512_grad_images(s, g->ho, g->wo, b1 - b < group ? b1 - b : group,
-                                            x + b * c_in * s->h * s->w, in,
-                                            dy + b * c_out * g->P, du,
-                                            (float *)(du + 36 * pairs));
+            (avx512 ? mdl_winograd_avx512_grad_images : mdl_winograd8_grad_images)(
+                s, g->ho, g->wo, b1 - b < group ? b1 - b : group, x + b * c_in * s->h * s->w, in,
+                dy + b * c_out * g->P, du, (float *)(du + 36 * pairs));
 #pragma omp barrier
-        mdl_winograd_avx512_grad_finish(s, (const double *)ws, T, stride / 2, pairs * t / T,
-                                        pairs * (t + 1) / T, dw, accumulate);
+        (avx512 ? mdl_winograd_avx512_grad_finish : mdl_winograd8_grad_finish)(
+            s, (const double *)ws, T, stride / 2, pairs * t / T, pairs * (t + 1) / T, dw,
+            accumulate);
     }
 }
 #endif
@@ -879,8 +896,9 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P * igroup));
     const size_t stride = g->per_thread / sizeof(float);
     const int64_t wp = phases_of(s).cols;
-    if (use_winograd(s, g->wo) == WINO_CHANNELS) {
-        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt);
+    const int wino = use_winograd(s, g->wo);
+    if (wino == WINO_CHANNELS || wino == WINO_CHANNELS8) {
+        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt, wino == WINO_CHANNELS);
         return;
     }
 #pragma omp parallel num_threads(nt)

@@ -105,6 +105,23 @@ void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int6
 void mdl_winograd_avx512_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
                                      size_t part_stride, int64_t lo, int64_t hi, float *dw,
                                      int accumulate);
+/* The same with 8 channels to a vector (winograd8_avx2.c, for CPUs without AVX-512):
+ * c_in and c_out multiples of 8, the same contracts. */
+int mdl_winograd8_applies(const mdl_conv2d_shape *s);
+size_t mdl_winograd8_fixed_floats(const mdl_conv2d_shape *s);
+int64_t mdl_winograd8_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad);
+size_t mdl_winograd8_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
+void mdl_winograd8_weights(const mdl_conv2d_shape *s, const float *w, float *u);
+void mdl_winograd8_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
+                          int64_t images, const float *x, const mdl_affine *in, const float *bias,
+                          int relu, double *sums, int accumulate, float *y, float *buf);
+size_t mdl_winograd8_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
+void mdl_winograd8_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
+                               const float *x, const mdl_affine *in, const float *dy, double *du,
+                               float *buf);
+void mdl_winograd8_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
+                               size_t part_stride, int64_t lo, int64_t hi, float *dw,
+                               int accumulate);
 #else /* mdl_use_avx2() is never true off x86; this name only keeps the dispatch compiling */
 #  define mdl_conv_sum_avx2 mdl_conv_sum_scalar
 #endif

@@ -25,129 +25,37 @@
  *      in the lanes, and back to NCHW rows (a 16 x 16 transpose for F(4x4)).
  * Small images go several to a call (mdl_winograd_avx512_group) so that the products
  * have tiles enough to fill their blocks.  The weight gradient is the adjoint of the
- * same steps (below). */
+ * same steps (winograd_channels.h, which holds the code of both vector widths). */
 #include "common.h"
 #if MDL_X86
 #include <string.h>
 #include <immintrin.h>
 #include "conv.h"
 
-#define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
-#define XI 36                                      /* transform points, 6 x 6 */
-#define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
-/* The weight gradient's chunks are twice as large from c_in c_out = 64 x 128: each
- * chunk adds its products to the thread's partial dU in double (36 c_in c_out of them,
- * 2.4 MB there), so fewer, longer chunks read and write it less often; with fewer
- * channels the larger V and dM cost more than that saves (bench/NOTES.md) */
-#define GRAD_CHUNK_BYTES (512 << 10)
-#define GRAD_CHUNK_MIN_CC (64 * 128)
 
-typedef struct wino_geom {
-    int64_t m;          /* outputs per tile side: 4 (3x3) or 2 (5x5) */
-    int64_t th, tw, T;  /* tile rows and columns of an image, tiles per image */
-    int64_t hp, wp;     /* rows and columns of a transposed image: m th + r - 1, m tw + r - 1 */
-    int64_t group;      /* images per call */
-    int64_t chunk;      /* tiles per chunk at most */
-} wino_geom;
-
-/* the forward's geometry, or the weight gradient's (grad: larger chunks where they pay) */
-static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
-{
-    wino_geom g;
-    g.m = s->kh == 3 ? 4 : 2;
-    g.th = (ho + g.m - 1) / g.m;
-    g.tw = (wo + g.m - 1) / g.m;
-    g.T = g.th * g.tw;
-    g.hp = g.m * g.th + s->kh - 1;
-    g.wp = g.m * g.tw + s->kw - 1;
-    const int big = grad && s->c_in * s->c_out >= GRAD_CHUNK_MIN_CC;
-    const int64_t c = (big ? GRAD_CHUNK_BYTES : CHUNK_BYTES) /
-                      (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
-    g.chunk = c < 1 ? 1 : c;
-    g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
-    if (g.group > s->n && s->n > 0) g.group = s->n;
-    if (g.chunk > g.group * g.T) g.chunk = g.group * g.T;
-    return g;
-}
-
-int mdl_winograd_avx512_applies(const mdl_conv2d_shape *s)
-{
-    return (s->kh == 3 || s->kh == 5) && s->kw == s->kh && s->stride_h == 1 &&
-           s->stride_w == 1 && s->pad_h < s->kh && s->pad_w < s->kw && s->c_in % 16 == 0 &&
-           s->c_out % 16 == 0;
-}
-
-size_t mdl_winograd_avx512_fixed_floats(const mdl_conv2d_shape *s)
-{
-    return FL(XI * s->c_in * s->c_out);
-}
-
-int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
-{
-    return geom(s, ho, wo, grad).group;
-}
-
-static size_t thread_floats(const wino_geom g, const mdl_conv2d_shape *s)
-{
-    return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
-           FL(XI * g.chunk * s->c_out);
-}
-
-size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
-{
-    return thread_floats(geom(s, ho, wo, 0), s);
-}
-
-/* G for r = 3 (the first 3 columns) and r = 5 */
-static const double G3[6][5] = {{1.0 / 4, 0, 0},
-                                {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                {0, 0, 1}};
-static const double G5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
-                                {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
-                                {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
-                                {0, 0, 0, 0, 1}};
-
-/* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci], 16 output channels to a
- * vector (gathered from w) */
-void mdl_winograd_avx512_weights(const mdl_conv2d_shape *s, const float *w, float *u)
-{
-    const int64_t c_in = s->c_in, c_out = s->c_out;
-    const int r = (int)s->kh;
-    const double (*G)[5] = r == 3 ? G3 : G5;
-    float gf[6][5];
-    for (int i = 0; i < 6; i++)
-        for (int k = 0; k < 5; k++) gf[i][k] = (float)G[i][k];
-    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                               12, 13, 14, 15),
-                                             _mm512_set1_epi32((int)(c_in * r * r)));
-    const int nt = mdl_threads_for((double)c_out * c_in * 400);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t ci = 0; ci < c_in; ci++)
-        for (int64_t co = 0; co < c_out; co += 16) {
-            const float *g0 = w + (co * c_in + ci) * r * r;
-            __m512 g[25], t[6][5]; /* the filters, then G g */
-            for (int q = 0; q < r * r; q++) g[q] = _mm512_i32gather_ps(lanes, g0 + q, 4);
-            for (int i = 0; i < 6; i++)
-                for (int j = 0; j < r; j++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int k = 0; k < r; k++)
-                        acc = _mm512_fmadd_ps(_mm512_set1_ps(gf[i][k]), g[k * r + j], acc);
-                    t[i][j] = acc;
-                }
-            for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 6; j++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int k = 0; k < r; k++)
-                        acc = _mm512_fmadd_ps(t[i][k], _mm512_set1_ps(gf[j][k]), acc);
-                    _mm512_storeu_ps(u + ((i * 6 + j) * c_in + ci) * c_out + co, acc);
-                }
-        }
-}
+#define VL 16
+#define ACC 24
+#define CB_MAX 4
+#define WINO_NAME(x) mdl_winograd_avx512_##x
+typedef __m512 vf;
+typedef __m512i vi;
+#define v_add _mm512_add_ps
+#define v_sub _mm512_sub_ps
+#define v_fmadd _mm512_fmadd_ps
+#define v_fnmadd _mm512_fnmadd_ps
+#define v_max _mm512_max_ps
+#define v_set1 _mm512_set1_ps
+#define v_zero _mm512_setzero_ps
+#define v_loadu _mm512_loadu_ps
+#define v_storeu _mm512_storeu_ps
+#define v_store _mm512_store_ps
+#define v_lane_index(stride)                                                                \
+    _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
+                       _mm512_set1_epi32(stride))
+#define v_gather(p, index) _mm512_i32gather_ps(index, p, 4)
+#define v_load_first(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+#define v_transpose transpose16
+#define v_tile_transpose transpose16 /* o[k]: channel co + k, its 16 outputs row by row */
 
 /* r[i] becomes the column i of the 16 x 16 matrix whose rows were r[0..15] */
 static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
@@ -176,415 +84,21 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-/* xt (rows, cols, c_in) = the image x (c_in, h, w) read through the map `in` (NULL: as
- * it is), shifted by (ph, pw) and zero around */
-static void transpose_image(int64_t c_in, int64_t h, int64_t w, int64_t ph, int64_t pw,
-                            int64_t rows, int64_t cols, const float *x, const mdl_affine *in,
-                            float *xt)
+static inline __attribute__((always_inline)) void v_tile_rows(const __m512 o[16], int k,
+                                                             __m128 rows[4])
 {
-    const int64_t row = cols * c_in;
-    const __m512 zero = _mm512_setzero_ps();
-    for (int64_t r = 0; r < rows; r++) {
-        float *dst = xt + r * row;
-        const int64_t ih = r - ph;
-        if (ih < 0 || ih >= h) {
-            memset(dst, 0, (size_t)row * sizeof(float));
-            continue;
-        }
-        memset(dst, 0, (size_t)(pw * c_in) * sizeof(float));
-        memset(dst + (pw + w) * c_in, 0, (size_t)((cols - pw - w) * c_in) * sizeof(float));
-        for (int64_t c0 = 0; c0 < w; c0 += 16) {
-            const int64_t nc = w - c0 < 16 ? w - c0 : 16;
-            const __mmask16 k = (__mmask16)((1u << nc) - 1);
-            for (int64_t cb = 0; cb < c_in; cb += 16) {
-                __m512 v[16];
-                for (int i = 0; i < 16; i++) {
-                    v[i] = _mm512_maskz_loadu_ps(k, x + ((cb + i) * h + ih) * w + c0);
-                    if (in) { /* mdl_affine_apply; lanes past the row are not stored */
-                        const mdl_affine_ch f = mdl_affine_at(in, cb + i);
-                        v[i] = _mm512_fmadd_ps(v[i], _mm512_set1_ps(f.s), _mm512_set1_ps(f.t));
-                        if (f.relu) v[i] = _mm512_max_ps(zero, v[i]); /* NaN passes */
-                    }
-                }
-                transpose16(v);
-                for (int64_t j = 0; j < nc; j++)
-                    _mm512_storeu_ps(dst + (pw + c0 + j) * c_in + cb, v[j]);
-            }
-        }
-    }
+    rows[0] = _mm512_castps512_ps128(o[k]);
+    rows[1] = _mm512_extractf32x4_ps(o[k], 1);
+    rows[2] = _mm512_extractf32x4_ps(o[k], 2);
+    rows[3] = _mm512_extractf32x4_ps(o[k], 3);
 }
 
-/* t = B^T d for 6 vectors */
-static inline __attribute__((always_inline)) void bt6(const __m512 d[6], __m512 t[6])
+static inline __attribute__((always_inline)) void v_add_to_doubles(double *d, __m512 v)
 {
-    const __m512 c2 = _mm512_set1_ps(2.0f), c4 = _mm512_set1_ps(4.0f);
-    const __m512 m5 = _mm512_set1_ps(-5.0f);
-    const __m512 p = _mm512_add_ps(d[3], d[4]), q = _mm512_sub_ps(d[4], d[3]);
-    const __m512 r = _mm512_add_ps(d[1], d[2]), sd = _mm512_sub_ps(d[1], d[2]);
-    const __m512 u = _mm512_sub_ps(d[4], d[2]), v = _mm512_sub_ps(d[3], d[1]);
-    t[0] = _mm512_fmadd_ps(c4, d[0], _mm512_fmadd_ps(m5, d[2], d[4]));
-    t[1] = _mm512_fnmadd_ps(c4, r, p);
-    t[2] = _mm512_fmadd_ps(c4, sd, q);
-    t[3] = _mm512_fmadd_ps(c2, v, u);
-    t[4] = _mm512_fnmadd_ps(c2, v, u);
-    t[5] = _mm512_fmadd_ps(c4, d[1], _mm512_fmadd_ps(m5, d[3], d[5]));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
+    _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(hi)));
 }
 
-/* o = A^T m: MO vectors (4 for F(4x4, 3x3), 2 for F(2x2, 5x5)) from 6 */
-static inline __attribute__((always_inline)) void at6(const int MO, const __m512 m[6], __m512 *o)
-{
-    const __m512 a = _mm512_add_ps(m[1], m[2]), b = _mm512_sub_ps(m[1], m[2]);
-    const __m512 c = _mm512_add_ps(m[3], m[4]), d = _mm512_sub_ps(m[3], m[4]);
-    const __m512 two = _mm512_set1_ps(2.0f);
-    o[0] = _mm512_add_ps(_mm512_add_ps(m[0], a), c);
-    if (MO == 2) {
-        o[1] = _mm512_add_ps(_mm512_fmadd_ps(two, d, b), m[5]);
-        return;
-    }
-    o[1] = _mm512_fmadd_ps(two, d, b);
-    o[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), c, a);
-    o[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, b), m[5]);
-}
-
-/* V_xi[t] = (B^T d B)[xi] for the tile whose 6x6 block starts at d (in a transposed
- * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], points n * c_in
- * floats apart */
-static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, float *v)
-{
-    for (int64_t cb = 0; cb < c_in; cb += 16) {
-        __m512 e[6][6];
-        for (int a = 0; a < 6; a++) {
-            __m512 row[6];
-            for (int b = 0; b < 6; b++) row[b] = _mm512_loadu_ps(d + (a * wp + b) * c_in + cb);
-            bt6(row, e[a]);
-        }
-        for (int j = 0; j < 6; j++) {
-            __m512 col[6], out[6];
-            for (int a = 0; a < 6; a++) col[a] = e[a][j];
-            bt6(col, out);
-            for (int i = 0; i < 6; i++) _mm512_storeu_ps(v + (i * 6 + j) * n * c_in + cb, out[i]);
-        }
-    }
-}
-
-/* The products of both directions as blocks of TB x CB vectors of outputs held in
- * registers, rank-1 updates over k < K:
- *     out[j][16c ..] = (or +=) sum over k of a(k, j) * b[k][16c ..]
- * forward (GRAD 0): rows j are tiles, k input channels, a(k, j) = v[j][k], b = U_xi, and
- * out = M_xi stored as floats to m; weight gradient (GRAD 1): rows j are input channels,
- * k tiles, a(k, j) = v[k][j], b = dM_xi, and out = dU_xi added to the doubles du.  v rows
- * c_in apart, b and out rows c_out apart. */
-static inline __attribute__((always_inline)) void
-block(const int GRAD, const int CB, const int TB, int64_t K, int64_t c_in, int64_t c_out,
-      const float *v, const float *b, float *m, double *du)
-{
-    __m512 acc[24], w[4]; /* TB * CB <= 24, CB <= 4 */
-#pragma GCC unroll 24
-    for (int j = 0; j < TB * CB; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-#pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) w[c] = _mm512_loadu_ps(b + k * c_out + 16 * c);
-#pragma GCC unroll 24
-        for (int j = 0; j < TB; j++) {
-            const __m512 x = _mm512_set1_ps(GRAD ? v[k * c_in + j] : v[j * c_in + k]);
-#pragma GCC unroll 4
-            for (int c = 0; c < CB; c++) acc[j * CB + c] = _mm512_fmadd_ps(x, w[c], acc[j * CB + c]);
-        }
-    }
-#pragma GCC unroll 24
-    for (int j = 0; j < TB; j++)
-#pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) {
-            const __m512 r = acc[j * CB + c];
-            if (!GRAD) {
-                _mm512_storeu_ps(m + j * c_out + 16 * c, r);
-                continue;
-            }
-            double *p = du + j * c_out + 16 * c;
-            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1));
-            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), _mm512_cvtps_pd(_mm512_castps512_ps256(r))));
-            _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), _mm512_cvtps_pd(hi)));
-        }
-}
-
-/* The 36 products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of 24 / CB,
- * the rest in blocks of 16, 8, 4, 2 and 1 */
-static inline __attribute__((always_inline)) void
-products_cb(const int GRAD, const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v,
-            const float *b, float *m, double *du)
-{
-    const int TBM = 24 / CB;
-    const int64_t rows = GRAD ? c_in : n, K = GRAD ? n : c_in;
-    for (int64_t xi = 0; xi < XI; xi++) {
-        const float *vx = v + xi * n * c_in, *bx = b + xi * K * c_out;
-        float *mx = GRAD ? NULL : m + xi * rows * c_out;
-        double *dx = GRAD ? du + xi * rows * c_out : NULL;
-        for (int64_t co = 0; co < c_out; co += 16 * CB) {
-            int64_t j = 0;
-#define BLOCK(TB)                                                                           \
-    block(GRAD, CB, TB, K, c_in, c_out, vx + (GRAD ? j : j * c_in), bx + co,                \
-          GRAD ? NULL : mx + j * c_out + co, GRAD ? dx + j * c_out + co : NULL)
-            for (; j + TBM <= rows; j += TBM) BLOCK(TBM);
-#define TAIL(TB)                                                                            \
-    if (TB < TBM && rows - j >= TB) {                                                       \
-        BLOCK(TB < TBM ? TB : 1);                                                           \
-        j += TB;                                                                            \
-    }
-            TAIL(16) TAIL(8) TAIL(4) TAIL(2) TAIL(1)
-#undef TAIL
-#undef BLOCK
-        }
-    }
-}
-
-static void products(int grad, int64_t n, int64_t c_in, int64_t c_out, const float *v,
-                     const float *b, float *m, double *du)
-{
-    const int cb = c_out % 64 == 0 ? 4 : c_out % 32 == 0 ? 2 : 1;
-#define CASE(G, CB) \
-    if (grad == G && cb == CB) products_cb(G, CB, n, c_in, c_out, v, b, m, du);
-    CASE(0, 4) CASE(0, 2) CASE(0, 1) CASE(1, 4) CASE(1, 2) CASE(1, 1)
-#undef CASE
-}
-
-/* The MO x MO outputs of one tile from m = M_0[t] (points n * c_out floats apart):
- * Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums +
- * c_out, of the nr x nc outputs inside the image), written to y (the tile's top-left
- * output of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate:
- * no epilogue then) */
-static inline __attribute__((always_inline)) void
-output_tile(const int MO, int64_t c_out, int64_t n, const float *m, const float *bias, int relu,
-            double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P, int64_t wo, float *y)
-{
-    const __m512 zero = _mm512_setzero_ps();
-    const int np = MO * MO;
-    for (int64_t co = 0; co < c_out; co += 16) {
-        __m512 f[4][6], o[16];
-        for (int j = 0; j < 6; j++) {
-            __m512 col[6], rm[4];
-            for (int i = 0; i < 6; i++) col[i] = _mm512_loadu_ps(m + (i * 6 + j) * n * c_out + co);
-            at6(MO, col, rm);
-            for (int r = 0; r < MO; r++) f[r][j] = rm[r];
-        }
-        for (int r = 0; r < MO; r++) at6(MO, f[r], o + MO * r); /* o[MO r + c]: output (r, c) */
-        if (bias) {
-            const __m512 b = _mm512_loadu_ps(bias + co);
-            for (int p = 0; p < np; p++) o[p] = _mm512_add_ps(o[p], b);
-        }
-        if (relu)
-            for (int p = 0; p < np; p++) o[p] = _mm512_max_ps(o[p], zero);
-        if (sums) {
-            __m512 s = zero, q = zero;
-            for (int p = 0; p < np; p++)
-                if (p / MO < nr && p % MO < nc) {
-                    s = _mm512_add_ps(s, o[p]);
-                    q = _mm512_fmadd_ps(o[p], o[p], q);
-                }
-            double *ds = sums + co, *dq = sums + c_out + co;
-            const __m512 sq[2] = {s, q};
-            double *dst[2] = {ds, dq};
-            for (int k = 0; k < 2; k++) {
-                const __m256 lo = _mm512_castps512_ps256(sq[k]);
-                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[k]), 1));
-                _mm512_storeu_pd(dst[k], _mm512_add_pd(_mm512_loadu_pd(dst[k]), _mm512_cvtps_pd(lo)));
-                _mm512_storeu_pd(dst[k] + 8,
-                                 _mm512_add_pd(_mm512_loadu_pd(dst[k] + 8), _mm512_cvtps_pd(hi)));
-            }
-        }
-        if (MO == 2) { /* 4 outputs per channel: through memory */
-            float t[4][16] __attribute__((aligned(64)));
-            for (int p = 0; p < 4; p++) _mm512_store_ps(t[p], o[p]);
-            for (int k = 0; k < 16; k++)
-                for (int r = 0; r < nr; r++)
-                    for (int c = 0; c < nc; c++) {
-                        float *d = y + (co + k) * P + r * wo + c;
-                        *d = accumulate ? *d + t[2 * r + c][k] : t[2 * r + c][k];
-                    }
-            continue;
-        }
-        const __m128i cols = _mm_cmpgt_epi32(_mm_set1_epi32((int)nc), _mm_setr_epi32(0, 1, 2, 3));
-        transpose16(o); /* o[k]: channel co + k, its 16 outputs row by row */
-        for (int k = 0; k < 16; k++) {
-            const __m128 rows[4] = {_mm512_castps512_ps128(o[k]), _mm512_extractf32x4_ps(o[k], 1),
-                                    _mm512_extractf32x4_ps(o[k], 2), _mm512_extractf32x4_ps(o[k], 3)};
-            float *yk = y + (co + k) * P;
-            for (int r = 0; r < nr; r++) {
-                __m128 z = rows[r];
-                if (nc == 4) {
-                    if (accumulate) z = _mm_add_ps(z, _mm_loadu_ps(yk + r * wo));
-                    _mm_storeu_ps(yk + r * wo, z);
-                } else {
-                    if (accumulate) z = _mm_add_ps(z, _mm_maskload_ps(yk + r * wo, cols));
-                    _mm_maskstore_ps(yk + r * wo, cols, z);
-                }
-            }
-        }
-    }
-}
-
-/* xt (images, hp, wp, c_in) = the images x transposed and padded (transpose_image) */
-static void transpose_images(const mdl_conv2d_shape *s, const wino_geom *g, int64_t images,
-                             const float *x, const mdl_affine *in, float *xt)
-{
-    for (int64_t b = 0; b < images; b++)
-        transpose_image(s->c_in, s->h, s->w, s->pad_h, s->pad_w, g->hp, g->wp,
-                        x + b * s->c_in * s->h * s->w, in, xt + b * g->hp * g->wp * s->c_in);
-}
-
-/* V of the chunk of n tiles q0 .. q0 + n - 1 (image-major) of the transposed images xt */
-static void input_tiles(int64_t c_in, const wino_geom *g, const float *xt, int64_t q0, int64_t n,
-                        float *v)
-{
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t q = q0 + t, b = q / g->T, ty = q % g->T / g->tw, tx = q % g->tw;
-        input_tile(c_in, g->wp,
-                   xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in, n, v + t * c_in);
-    }
-}
-
-void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
-                                int64_t images, const float *x, const mdl_affine *in,
-                                const float *bias, int relu, double *sums, int accumulate,
-                                float *y, float *buf)
-{
-    const wino_geom g = geom(s, ho, wo, 0);
-    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
-    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(XI * g.chunk * c_in);
-    transpose_images(s, &g, images, x, in, xt);
-    if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
-    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
-    for (int64_t k = 0; k < chunks; k++) {
-        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
-        input_tiles(c_in, &g, xt, q0, n, v);
-        products(0, n, c_in, c_out, v, u, m, NULL);
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, oh = q % g.T / g.tw * g.m, ow = q % g.tw * g.m;
-            const int64_t nr = ho - oh < g.m ? ho - oh : g.m, nc = wo - ow < g.m ? wo - ow : g.m;
-            float *yt = y + b * c_out * P + oh * wo + ow;
-            double *st = sums ? sums + b * 2 * c_out : NULL;
-            if (g.m == 4)
-                output_tile(4, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
-            else
-                output_tile(2, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
-        }
-    }
-}
-
-/* ---- the weight gradient ----------------------------------------------------------- */
-/* The adjoint of the forward: with dM = A dY A^T per tile (dY its m x m block of dy, zero
- * outside the output), dU_xi (c_in, c_out) = sum over tiles of V_xi^T dM_xi, and dw =
- * G^T dU G per channel pair.  Per chunk of tiles: V as in the forward, dM from dy
- * transposed to (rows, columns, c_out), and the products with the tiles as the reduction,
- * register-blocked as 24 vectors of dU (input channels x output channels) over the
- * chunk's tiles, then added to the thread's partial dU in double (a float one lost up to
- * 2e-5 of the largest dw over a batch of 100 on one thread). */
-
-size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
-{
-    const wino_geom g = geom(s, ho, wo, 1);
-    return FL(2 * XI * s->c_in * s->c_out) + thread_floats(g, s) +
-           FL(g.group * g.m * g.th * g.m * g.tw * s->c_out);
-}
-
-/* t = A e for MO vectors e (A = (A^T)^T: 6 x MO) */
-static inline __attribute__((always_inline)) void a6(const int MO, const __m512 *e, __m512 t[6])
-{
-    t[0] = e[0];
-    if (MO == 2) {
-        const __m512 two = _mm512_set1_ps(2.0f);
-        t[1] = _mm512_add_ps(e[0], e[1]);
-        t[2] = _mm512_sub_ps(e[0], e[1]);
-        t[3] = _mm512_fmadd_ps(two, e[1], e[0]);
-        t[4] = _mm512_fnmadd_ps(two, e[1], e[0]);
-        t[5] = e[1];
-        return;
-    }
-    const __m512 ev = _mm512_add_ps(e[0], e[2]), od = _mm512_add_ps(e[1], e[3]);
-    const __m512 ev4 = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), e[2], e[0]);
-    const __m512 od2 = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), e[3], _mm512_add_ps(e[1], e[1]));
-    t[1] = _mm512_add_ps(ev, od);
-    t[2] = _mm512_sub_ps(ev, od);
-    t[3] = _mm512_add_ps(ev4, od2);
-    t[4] = _mm512_sub_ps(ev4, od2);
-    t[5] = e[3];
-}
-
-/* dM_xi[t] = (A dY A^T)[xi] for the tile whose m x m block of dy starts at d (a transposed
- * dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t] */
-static inline __attribute__((always_inline)) void
-grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, int64_t n, float *dm)
-{
-    for (int64_t cb = 0; cb < c_out; cb += 16) {
-        __m512 e[4][6];
-        for (int r = 0; r < MO; r++) {
-            __m512 row[4];
-            for (int c = 0; c < MO; c++) row[c] = _mm512_loadu_ps(d + (r * cols + c) * c_out + cb);
-            a6(MO, row, e[r]);
-        }
-        for (int j = 0; j < 6; j++) {
-            __m512 col[4], out[6];
-            for (int r = 0; r < MO; r++) col[r] = e[r][j];
-            a6(MO, col, out);
-            for (int i = 0; i < 6; i++) _mm512_storeu_ps(dm + (i * 6 + j) * n * c_out + cb, out[i]);
-        }
-    }
-}
-
-void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
-                                     int64_t images, const float *x, const mdl_affine *in,
-                                     const float *dy, double *du, float *buf)
-{
-    const wino_geom g = geom(s, ho, wo, 1);
-    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
-    const int64_t rows = g.m * g.th, cols = g.m * g.tw, dyt_image = rows * cols * c_out;
-    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *dm = v + FL(XI * g.chunk * c_in);
-    float *dyt = dm + FL(XI * g.chunk * c_out);
-    transpose_images(s, &g, images, x, in, xt);
-    for (int64_t b = 0; b < images; b++)
-        transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * P, NULL,
-                        dyt + b * dyt_image);
-    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
-    for (int64_t k = 0; k < chunks; k++) {
-        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
-        input_tiles(c_in, &g, xt, q0, n, v);
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
-            if (g.m == 4)
-                grad_tile(4, c_out, cols, d, n, dm + t * c_out);
-            else
-                grad_tile(2, c_out, cols, d, n, dm + t * c_out);
-        }
-        products(1, n, c_in, c_out, v, dm, NULL, du);
-    }
-}
-
-void mdl_winograd_avx512_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
-                                     size_t part_stride, int64_t lo, int64_t hi, float *dw,
-                                     int accumulate)
-{
-    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh;
-    const double (*G)[5] = r == 3 ? G3 : G5;
-    for (int64_t e = lo; e < hi; e++) { /* e = co * c_in + ci */
-        const int64_t co = e / c_in, ci = e % c_in;
-        double du[XI], t[6][5]; /* dU summed over the parts, then dU G */
-        for (int xi = 0; xi < XI; xi++) {
-            double acc = 0.0;
-            for (int p = 0; p < nparts; p++) acc += parts[p * part_stride + (xi * c_in + ci) * c_out + co];
-            du[xi] = acc;
-        }
-        for (int i = 0; i < 6; i++)
-            for (int l = 0; l < r; l++) {
-                t[i][l] = 0.0;
-                for (int j = 0; j < 6; j++) t[i][l] += du[i * 6 + j] * G[j][l];
-            }
-        float *d = dw + e * r * r;
-        for (int k = 0; k < r; k++)
-            for (int l = 0; l < r; l++) {
-                double acc = 0.0;
-                for (int i = 0; i < 6; i++) acc += G[i][k] * t[i][l];
-                d[k * r + l] = accumulate ? d[k * r + l] + (float)acc : (float)acc;
-            }
-    }
-}
+#include "winograd_channels.h"
 #endif

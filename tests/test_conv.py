@@ -121,8 +121,8 @@ def test_conv_threads(simd, threads, rng, case):
 
 
 # 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
-# in AVX2 vectors, and F(4x4, 3x3) with channels in AVX-512 vectors (c_in and c_out
-# multiples of 16); odd and even output sizes, tile rows and columns that do not fill a
+# in AVX2 vectors, and F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512 vectors (c_in
+# and c_out multiples of 16) or, at the AVX2 level, AVX2 vectors (multiples of 8); odd and even output sizes, tile rows and columns that do not fill a
 # vector, few channels
 WINOGRAD = [
     (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
@@ -131,6 +131,8 @@ WINOGRAD = [
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
+    (2, 8, 7, 9, 24, 3, 3, 1, 1),             # 8 channels to an AVX2 vector (winograd8_avx2.c)
+    (2, 24, 6, 5, 8, 5, 5, 1, 2),             # the same, F(2x2, 5x5)
     (2, 32, 5, 5, 16, 3, 3, 1, (0, 1)),       # F(4x4): no padding in one direction
     (3, 5, 7, 9, 6, 3, 3, 1, 1),              # odd output: partial tiles
     (2, 17, 8, 8, 19, 3, 3, 1, 0),            # no padding
