@@ -194,6 +194,11 @@ kernel_rows(const int ROWS, const int AIN, const int BMODE, int64_t lda_, int64_
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const __m256i bm0 = mdl_lane_mask(0, cols), bm1 = mdl_lane_mask(0, cols - 8);
     const int whole = cols == NR;
+    if (beta != 0.0f) /* C's rows, read after the loop: their misses overlap the FMAs */
+        for (int r = 0; r < ROWS; r++) {
+            _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);
+        }
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; p++) {
         __m256 b0, b1;
