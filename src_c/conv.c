@@ -16,11 +16,12 @@
  *    GEMM, their column matrices side by side).  Winograd (winograd_avx512.c,
  *    winograd8_avx2.c, winograd_avx2.c) replaces the GEMM where use_winograd says.
  *    Forward: y[b] = W @ col(x[b]), with bias and ReLU applied by the GEMM's
- *    epilogue while each tile is in registers, and the channel sums taken by it or, on the in-place path, from
- *    each image's output while it is in the cache.  The fused forward and weight
- *    gradient read x through a per-channel map (mdl_affine: a BatchNorm's
- *    normalisation and ReLU) as they copy each image into its phase planes, or
- *    into a per-thread copy of the image on the other paths.  Backward-data with
+ *    epilogue while each tile is in registers, and the channel sums taken by it
+ *    or, on the in-place path, from each image's output while it is in the cache.
+ *    The fused forward and weight gradient read x through a per-channel map
+ *    (mdl_affine: a BatchNorm's normalisation and ReLU) as they copy each image
+ *    into its phase planes, or into a per-thread copy of the image on the other
+ *    paths.  Backward-data with
  *    stride 1 is the forward convolution of dy with the flipped, transposed
  *    weights; with a stride, one GEMM per phase of the input pixels with dy read
  *    in place (data_phases_of), where the phases' rows allow; otherwise (or with
@@ -844,9 +845,10 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 }
 
 #if MDL_X86
-/* dw by Winograd (winograd_avx512.c, or winograd8_avx2.c with avx512 0): each thread adds its share of the images into its
- * own partial dU (doubles, per_thread bytes apart), then each sets a share of dw's
- * channel pairs from the partials' sum in thread order */
+/* dw by Winograd (winograd_avx512.c, or winograd8_avx2.c with avx512 0): each thread
+ * adds its share of the images into its own partial dU (doubles, per_thread bytes
+ * apart), then each sets a share of dw's channel pairs from the partials' sum in
+ * thread order */
 static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                              const mdl_affine *in, const float *dy, float *dw, int accumulate,
                              float *ws, size_t stride, int nt, int avx512)

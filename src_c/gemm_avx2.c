@@ -23,7 +23,7 @@
 
 #define MR 6
 #define NR 16
-#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB; A micro-panel 7.5 KiB, in L1 */
+#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
 /* The shared-blocks driver: row groups of MC_PANELS A micro-panels (24 x 6 x 320
  * floats = 180 KiB, in L2); a B micro-panel (kc x 16 floats, 20 KiB, in L1) meets each
  * A micro-panel of the group in turn, and all of a thread's columns are one group

@@ -32,7 +32,8 @@ typedef __m256i vi;
 #define v_lane_index(stride) \
     _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride))
 #define v_gather(p, index) _mm256_i32gather_ps(p, index, 4)
-#define v_load_first(p, n) ((n) == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mdl_lane_mask(0, n)))
+#define v_load_first(p, n) \
+    ((n) == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mdl_lane_mask(0, n)))
 #define v_transpose mdl_transpose8_ps
 
 /* o[k], o[8 + k]: channel co + k, its outputs of rows 0-1 and of rows 2-3 */

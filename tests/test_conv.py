@@ -268,7 +268,7 @@ def test_nan_flows_to_the_output(simd, rng):
 
 ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 images in groups
              (3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
-             # Winograd by default with AVX-512 (winograd_avx512.c), its dw included
+             # Winograd by default (winograd_avx512.c, winograd8_avx2.c), its dw included
              (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2),
              # strided dx by phases, added in their interleaving
              (2, 16, 32, 32, 24, 3, 3, 2, 1), (2, 16, 32, 31, 8, 1, 1, 2, 0),
