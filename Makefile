@@ -44,6 +44,10 @@ CU_HDRS := $(wildcard src_cuda/*.cuh) src_c/checks.h src_c/optim_hp.h include/mi
 CU_OBJS := $(patsubst src_cuda/%.cu,$(BUILD)/cuda/%.o,$(CU_SRCS))
 
 .PHONY: all deps ext lib cuda install train test test-c test-py sanitize bench clean
+
+# objects are compiled a file per CPU at a time unless make was given its own -j
+PAR = $(if $(findstring j,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
+compile = $(MAKE) --no-print-directory $(PAR) $(1)
 all: ext
 
 # the build and test requirements, installed only when one is missing
@@ -64,13 +68,13 @@ $(BUILD)/obj/%.o: src_c/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(OPT) $(call flags_for,$<) -c $< -o $@
 
-$(BUILD)/lib/libminidl.so: $(OBJS)
+$(BUILD)/lib/libminidl.so: $(SRCS) $(HDRS)
+	@$(call compile,$(OBJS))
 	@mkdir -p $(dir $@)
-	$(CC) -shared -fopenmp -Wl,-soname,libminidl.so -o $@ $^ -lm
+	$(CC) -shared -fopenmp -Wl,-soname,libminidl.so -o $@ $(OBJS) -lm
 
-$(BUILD)/lib/libminidl.a: $(OBJS)
-	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+$(BUILD)/lib/libminidl.a: $(BUILD)/lib/libminidl.so
+	rm -f $@ && ar rcs $@ $(OBJS)
 
 $(BUILD)/include/minidl.h: include/minidl.h
 	@mkdir -p $(dir $@)
@@ -83,15 +87,17 @@ $(BUILD)/lib/pkgconfig/minidl.pc: minidl.pc.in pyproject.toml
 lib: $(BUILD)/lib/libminidl.so $(BUILD)/lib/libminidl.a $(BUILD)/include/minidl.h \
      $(BUILD)/lib/pkgconfig/minidl.pc $(if $(NVCC),cuda)
 
-# ---- the CUDA library: one nvcc per file (make -j runs them in parallel), the CUDA
-# runtime linked in statically and kept private, so users need only the driver -----
+# ---- the CUDA library: one nvcc per file, in parallel, the CUDA runtime linked in
+# statically and kept private, so users need only the driver; setup.py compiles into
+# the same objects with the same flags -----------------------------------------------
 $(BUILD)/cuda/%.o: src_cuda/%.cu $(CU_HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/lib/libminidl_cuda.so: $(CU_OBJS)
+$(BUILD)/lib/libminidl_cuda.so: $(CU_SRCS) $(CU_HDRS)
+	@$(call compile,$(CU_OBJS))
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared -cudart static -Xlinker --exclude-libs,ALL,-soname,libminidl_cuda.so -o $@ $^
+	$(NVCC) -shared -cudart static -Xlinker --exclude-libs,ALL,-soname,libminidl_cuda.so -o $@ $(CU_OBJS)
 
 $(BUILD)/include/minidl_cuda.h: include/minidl_cuda.h
 	@mkdir -p $(dir $@)
@@ -137,7 +143,8 @@ endif
 test-py: ext
 	$(PYTHON) -m pytest -q tests
 
-test: $(if $(NVCC),cuda) test-c test-py
+# ext first: its CUDA objects serve `cuda` too
+test: ext $(if $(NVCC),cuda) test-c test-py
 
 # ---- sanitizers ----------------------------------------------------------------------
 $(BUILD)/asan/%.o: src_c/%.c $(HDRS)
@@ -148,7 +155,8 @@ ASAN_RT := $(shell $(CC) -print-file-name=libasan.so)
 UBSAN_RT := $(shell $(CC) -print-file-name=libubsan.so)
 SAN_PY  := $(abspath $(BUILD)/asan-py)
 
-sanitize: $(SAN_OBJS)
+sanitize:
+	@$(call compile,$(SAN_OBJS))
 	$(CC) -std=c11 $(SAN_FLAGS) -Iinclude tests/c/test_capi.c $(SAN_OBJS) -fopenmp -lm -o $(BUILD)/test_capi_asan
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)

@@ -1,4 +1,5 @@
-"""Build minidl: the C core (src_c/) is compiled once and linked three ways --
+"""Build minidl: the C core (src_c/) is compiled once (a file per CPU at a time) and
+linked three ways --
 into the Python extension minidl._C, into minidl/lib/libminidl.so and into
 minidl/lib/libminidl.a -- and the public header is copied to minidl/include/,
 so that other tools can link the copy installed with the package
@@ -79,9 +80,17 @@ print("minidl: CUDA kernels " + (
     "left out (no nvcc on PATH or in $CUDA_HOME/bin)"))
 
 
-def build_cuda_library(build_temp, lib_dir):
-    """src_cuda/*.cu -> objects (skipped when up to date) -> lib_dir/libminidl_cuda.so."""
-    obj_dir = os.path.join(build_temp, "cuda")
+def parallel_map(fn, items):
+    """fn over items on all the CPUs (each call runs a compiler): a list of the results."""
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(fn, items))
+
+
+def build_cuda_library(lib_dir):
+    """src_cuda/*.cu -> objects (skipped when up to date) -> lib_dir/libminidl_cuda.so.
+    The objects go where the Makefile's rule puts them, with the same flags, so that
+    `make ext` and `make cuda` compile each file once between them."""
+    obj_dir = os.path.join("build", "cuda")
     os.makedirs(obj_dir, exist_ok=True)
     newest_header = max(os.path.getmtime(h) for h in CUDA_HEADERS)
 
@@ -93,8 +102,7 @@ def build_cuda_library(build_temp, lib_dir):
         subprocess.run([NVCC] + NVCC_FLAGS + ["-c", src, "-o", obj], check=True)
         return obj
 
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        objects = list(pool.map(compile_one, CUDA_SOURCES))
+    objects = parallel_map(compile_one, CUDA_SOURCES)
     # --exclude-libs: the static CUDA runtime's symbols stay private to the library
     subprocess.run([NVCC, "-shared", "-cudart", "static", "-Xlinker",
                     "--exclude-libs,ALL,-soname,libminidl_cuda.so", "-o",
@@ -113,14 +121,18 @@ class build_ext(_build_ext):
     def build_extensions(self):
         cc = self.compiler
         x86 = os.uname().machine in ("x86_64", "AMD64", "i686")
-        objects = []
-        for src in CORE_SOURCES:
-            avx2, avx512 = src.endswith("_avx2.c"), src.endswith("_avx512.c")
-            if (avx2 or avx512) and not x86:
-                continue
-            flags = BASE_FLAGS + (AVX2_FLAGS if avx2 else AVX512_FLAGS if avx512 else [])
-            objects += cc.compile([src], output_dir=self.build_temp, include_dirs=["include"],
-                                  depends=CORE_HEADERS, extra_postargs=flags + ["-fPIC"])
+        sources = [src for src in CORE_SOURCES
+                   if x86 or not src.endswith(("_avx2.c", "_avx512.c"))]
+
+        def compile_one(src):
+            flags = BASE_FLAGS + (AVX2_FLAGS if src.endswith("_avx2.c") else
+                                  AVX512_FLAGS if src.endswith("_avx512.c") else [])
+            return cc.compile([src], output_dir=self.build_temp, include_dirs=["include"],
+                              depends=CORE_HEADERS, extra_postargs=flags + ["-fPIC"])[0]
+
+        # the compiler's output directory made here, not by the threads at once
+        os.makedirs(os.path.join(self.build_temp, "src_c"), exist_ok=True)
+        objects = parallel_map(compile_one, sources)
         lib_dir = os.path.join(self.build_lib, "minidl", "lib")
         inc_dir = os.path.join(self.build_lib, "minidl", "include")
         os.makedirs(lib_dir, exist_ok=True)
@@ -132,7 +144,7 @@ class build_ext(_build_ext):
         cc.create_static_lib(objects, "minidl", output_dir=lib_dir)
         if NVCC:
             shutil.copy(os.path.join("include", "minidl_cuda.h"), inc_dir)
-            build_cuda_library(self.build_temp, lib_dir)
+            build_cuda_library(lib_dir)
         else:  # nothing of an earlier CUDA build may end up in this one
             remove_cuda_files(os.path.join(self.build_lib, "minidl"))
         for ext in self.extensions:
