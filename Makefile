@@ -36,6 +36,7 @@ $(info minidl: $(if $(NVCC),nvcc found at $(NVCC) -- the CUDA kernels are built 
 endif
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
+# setup.py's NVCC_FLAGS: both compile into $(BUILD)/cuda/, so the two must match
 NVCCFLAGS := -O3 -std=c++17 --compiler-options -fPIC,-fvisibility=hidden -Werror all-warnings \
              -Iinclude $(CUDA_ARCH)
 CU_SRCS := $(wildcard src_cuda/*.cu)

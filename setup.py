@@ -52,6 +52,7 @@ CUDA_HEADERS = sorted(glob.glob("src_cuda/*.cuh")) + ["src_c/checks.h", "src_c/o
 # sm_80 (A100) and sm_90 (H100) machine code, plus PTX the driver compiles for newer GPUs
 CUDA_ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
              "-gencode", "arch=compute_90,code=compute_90"]
+# the Makefile's NVCCFLAGS: both compile into build/cuda/, so the two lists must match
 NVCC_FLAGS = ["-O3", "-std=c++17", "--compiler-options", "-fPIC,-fvisibility=hidden",
               "-Werror", "all-warnings", "-Iinclude"] + CUDA_ARCH
 

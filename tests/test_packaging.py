@@ -66,3 +66,22 @@ def test_environment_variables(env, expect):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, **env}, cwd=os.path.dirname(HERE)).stdout
     assert expect in out, out
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_makefile_and_setup_compile_cuda_alike():
+    """setup.py and the Makefile compile the CUDA kernels into the same objects
+    (build/cuda/), so both must pass nvcc the same flags."""
+    import ast
+    root = os.path.dirname(HERE)
+    tree = ast.parse(open(os.path.join(root, "setup.py")).read())
+    lists = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.targets[0].id in ("CUDA_ARCH", "NVCC_FLAGS"):
+            lists[node.targets[0].id] = node.value
+    arch = ast.literal_eval(lists["CUDA_ARCH"])
+    flags = ast.literal_eval(lists["NVCC_FLAGS"].left) + arch  # [...] + CUDA_ARCH
+    out = subprocess.run(["make", "-s", "-C", root, "--eval", "nvccflags: ; @echo $(NVCCFLAGS)",
+                          "nvccflags"], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, MAKELEVEL="1")).stdout
+    assert out.split() == flags
