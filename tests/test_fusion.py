@@ -467,7 +467,7 @@ def _cuda_missing():
 
 
 @pytest.mark.parametrize("algo", ["gemm", "auto"])
-@pytest.mark.parametrize("device", ["cpu", "sim", pytest.param(
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.slow), pytest.param(
     "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
 def test_fused_training_matches_the_plain_plan(device, algo):
     """resnet20, 20 SGD steps (batch 16, momentum 0.9): the parameters and running
