@@ -27,12 +27,13 @@ HDRS := $(wildcard src_c/*.h) include/minidl.h
 OBJS := $(patsubst src_c/%.c,$(BUILD)/obj/%.o,$(SRCS))
 SAN_OBJS := $(patsubst src_c/%.c,$(BUILD)/asan/%.o,$(SRCS))
 
-# nvcc on PATH or in $CUDA_HOME/bin (NVCC=... overrides); said once, at the top level
+# nvcc on PATH or in $CUDA_HOME/bin (NVCC=... overrides; none with MINIDL_CUDA=0, as
+# for setup.py); said once, at the top level
 ifeq ($(origin NVCC),undefined)
-NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc)))
+NVCC := $(if $(filter 0,$(MINIDL_CUDA)),,$(or $(shell command -v nvcc 2>/dev/null),$(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc))))
 endif
 ifeq ($(MAKELEVEL),0)
-$(info minidl: $(if $(NVCC),nvcc found at $(NVCC) -- the CUDA kernels are built too,no nvcc on PATH or in CUDA_HOME -- CPU only))
+$(info minidl: $(if $(NVCC),nvcc found at $(NVCC) -- the CUDA kernels are built too,no nvcc on PATH or in CUDA_HOME (or MINIDL_CUDA=0) -- CPU only))
 endif
 CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
@@ -56,7 +57,8 @@ deps:
 	@$(PYTHON) -c "import setuptools, Cython, numpy, pytest, tqdm" 2>/dev/null || \
 	    $(PYTHON) -m pip install -q -r requirements-dev.txt
 
-ext: deps
+# the CUDA objects first, in parallel here; setup.py then finds them up to date
+ext: deps $(if $(NVCC),cuda)
 	$(PYTHON) setup.py -q build_ext --inplace
 
 train: ext
@@ -144,8 +146,7 @@ endif
 test-py: ext
 	$(PYTHON) -m pytest -q tests
 
-# ext first: its CUDA objects serve `cuda` too
-test: ext $(if $(NVCC),cuda) test-c test-py
+test: $(if $(NVCC),cuda) test-c test-py
 
 # ---- sanitizers ----------------------------------------------------------------------
 $(BUILD)/asan/%.o: src_c/%.c $(HDRS)
