@@ -83,45 +83,32 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * in (NULL: as they are), y (c_out, ho, wo) = or += (accumulate, then bias NULL and relu
  * 0) the convolution, plus bias, then ReLU; sums (images, 2, c_out), or NULL, gets each
  * image's channel sums and sums of squares of y. */
-int mdl_winograd_avx512_applies(const mdl_conv2d_shape *s);
-size_t mdl_winograd_avx512_fixed_floats(const mdl_conv2d_shape *s);
-int64_t mdl_winograd_avx512_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad);
-size_t mdl_winograd_avx512_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
-void mdl_winograd_avx512_weights(const mdl_conv2d_shape *s, const float *w, float *u);
-void mdl_winograd_avx512_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
-                          int64_t images, const float *x, const mdl_affine *in,
-                          const float *bias, int relu, double *sums, int accumulate, float *y,
-                          float *buf);
-/* Their weight gradient: each thread adds, per call of up to `group` images, the
+/* The functions of one instantiation of winograd_channels.h, named P##_X.  Their
+ * weight gradient: each thread adds, per call of up to `group` images, the
  * transformed gradient dU (36, c_in, c_out), in double, of `images` images x (read
  * through in) and dy (c_out, ho, wo) to its part `du` (zeroed by the caller), with
  * grad_thread_floats of scratch (du included, first); grad_finish sets or adds to dw
  * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart) for the
  * channel pairs co * c_in + ci in [lo, hi). */
-size_t mdl_winograd_avx512_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
-void mdl_winograd_avx512_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
-                                     int64_t images, const float *x, const mdl_affine *in,
-                                     const float *dy, double *du, float *buf);
-void mdl_winograd_avx512_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
-                                     size_t part_stride, int64_t lo, int64_t hi, float *dw,
-                                     int accumulate);
+#define MDL_WINOGRAD_CHANNELS_DECLARE(P)                                                     \
+    int P##_applies(const mdl_conv2d_shape *s);                                             \
+    size_t P##_fixed_floats(const mdl_conv2d_shape *s);                                     \
+    int64_t P##_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad);         \
+    size_t P##_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);            \
+    void P##_weights(const mdl_conv2d_shape *s, const float *w, float *u);                  \
+    void P##_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,      \
+                    int64_t images, const float *x, const mdl_affine *in, const float *bias, \
+                    int relu, double *sums, int accumulate, float *y, float *buf);          \
+    size_t P##_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);       \
+    void P##_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images, \
+                         const float *x, const mdl_affine *in, const float *dy, double *du, \
+                         float *buf);                                                       \
+    void P##_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,        \
+                         size_t part_stride, int64_t lo, int64_t hi, float *dw, int accumulate)
+MDL_WINOGRAD_CHANNELS_DECLARE(mdl_winograd_avx512);
 /* The same with 8 channels to a vector (winograd8_avx2.c, for CPUs without AVX-512):
  * c_in and c_out multiples of 8, the same contracts. */
-int mdl_winograd8_applies(const mdl_conv2d_shape *s);
-size_t mdl_winograd8_fixed_floats(const mdl_conv2d_shape *s);
-int64_t mdl_winograd8_group(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad);
-size_t mdl_winograd8_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
-void mdl_winograd8_weights(const mdl_conv2d_shape *s, const float *w, float *u);
-void mdl_winograd8_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
-                          int64_t images, const float *x, const mdl_affine *in, const float *bias,
-                          int relu, double *sums, int accumulate, float *y, float *buf);
-size_t mdl_winograd8_grad_thread_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);
-void mdl_winograd8_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
-                               const float *x, const mdl_affine *in, const float *dy, double *du,
-                               float *buf);
-void mdl_winograd8_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,
-                               size_t part_stride, int64_t lo, int64_t hi, float *dw,
-                               int accumulate);
+MDL_WINOGRAD_CHANNELS_DECLARE(mdl_winograd8);
 #else /* mdl_use_avx2() is never true off x86; this name only keeps the dispatch compiling */
 #  define mdl_conv_sum_avx2 mdl_conv_sum_scalar
 #endif
