@@ -95,23 +95,28 @@ static size_t blocked_workspace_floats(int64_t m, int64_t n, int64_t k)
 }
 
 /* `panels` micro-panels of op(B)'s columns from j0 (ncols columns left there), K rows
- * [p0, p0 + kc), at dst + q * NR * kc.  Not transposed, row by row across all the
- * panels: each row of B is read as one contiguous run that the hardware prefetcher
- * streams (panel by panel, every 128 bytes read would start a new run ldb away). */
+ * [p0, p0 + kc), at dst + q * NR * kc.  Not transposed, whole panels PACK_B_CHUNK at
+ * a time, row by row: each row of B gives a run of PACK_B_CHUNK * NR floats.  One
+ * panel at a time, a leading dimension of a multiple of 1 KiB puts every row's
+ * NR floats in the same L1 set, which holds 8 of the kc lines and evicts the next
+ * line's prefetch (27 x 1024, ldb 1024: 4.9 us against 3.0 in chunks of 4 panels
+ * and 2.3 at ldb 1040). */
+#define PACK_B_CHUNK 4
 static void pack_b_panels(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t p0,
-                          int64_t panels, int64_t ncols, int64_t kc, float *dst)
+                          int64_t panels, int64_t ncols, int64_t kc, float *restrict dst)
 {
-    if (trans_b || panels * NR > ncols) {
-        for (int64_t q = 0; q < panels; q++)
-            pack_b(trans_b, b, ldb, j0 + q * NR, p0, (int)min64(ncols - q * NR, NR), kc,
-                   dst + q * NR * kc);
-        return;
+    const int64_t whole = trans_b ? 0 : min64(panels, ncols / NR);
+    for (int64_t q0 = 0; q0 < whole; q0 += PACK_B_CHUNK) {
+        const int64_t q1 = min64(q0 + PACK_B_CHUNK, whole);
+        for (int64_t p = 0; p < kc; p++) {
+            const float *src = b + (p0 + p) * ldb + j0;
+            for (int64_t q = q0; q < q1; q++)
+                memcpy(dst + q * NR * kc + p * NR, src + q * NR, NR * sizeof(float));
+        }
     }
-    for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0;
-        for (int64_t q = 0; q < panels; q++)
-            for (int j = 0; j < NR; j++) dst[q * NR * kc + p * NR + j] = src[q * NR + j];
-    }
+    for (int64_t q = whole; q < panels; q++)
+        pack_b(trans_b, b, ldb, j0 + q * NR, p0, (int)min64(ncols - q * NR, NR), kc,
+               dst + q * NR * kc);
 }
 
 /* ---- drivers ------------------------------------------------------------------ */
@@ -143,11 +148,12 @@ static void rows_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
         int t, T;
         MDL_THREAD_ID(t, T);
         if (!in_place) {
+            const int64_t nch = ceil_div(npan, PACK_B_CHUNK);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < nkb * npan; i++) {
-                const int64_t pc = i / npan * kc, q = i % npan, kb = min64(k - pc, kc);
-                pack_b(trans_b, b, ldb, q * NR, pc, (int)min64(n - q * NR, NR), kb,
-                       bpack + pc * npan * NR + q * NR * kb);
+            for (int64_t i = 0; i < nkb * nch; i++) {
+                const int64_t pc = i / nch * kc, q = i % nch * PACK_B_CHUNK, kb = min64(k - pc, kc);
+                pack_b_panels(trans_b, b, ldb, q * NR, pc, min64(npan - q, PACK_B_CHUNK), n - q * NR,
+                              kb, bpack + pc * npan * NR + q * NR * kb);
             }
         }
         float apanel[MR * KC_MAX] __attribute__((aligned(64)));
@@ -226,9 +232,8 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                      * grid column, my row panels with the tn threads of my row */
                     if (ic == 0 && !b_in_place && !lazy_b) {
                         int64_t lo = c0 + (c1 - c0) * ti / tm, hi = c0 + (c1 - c0) * (ti + 1) / tm;
-                        for (int64_t q = lo; q < hi; q++)
-                            pack_b(trans_b, b, ldb, jc + q * NR, pc, (int)min64(nb - q * NR, NR),
-                                   kb, bpack + q * NR * kb);
+                        pack_b_panels(trans_b, b, ldb, jc + lo * NR, pc, hi - lo, nb - lo * NR, kb,
+                                      bpack + lo * NR * kb);
                     }
                     {
                         int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
