@@ -9,7 +9,7 @@
  *    (an implicit GEMM).  With output rows a multiple of 16 wide (or 8 wide, in
  *    pairs) the micro-kernel reads B's rows in place from the image's phase
  *    planes (a zero-padded copy, split by the stride so that the pixels a tap
- *    reads for an output row are contiguous), in tiles of 16 channels x 16 pixels
+ *    reads for an output row are contiguous), in tiles of 8 channels x 48 pixels
  *    where the CPU has AVX-512F (6 x 16 with AVX2); otherwise the image's column
  *    matrix (K, P) is built in a per-thread buffer (none for a 1x1 kernel with
  *    stride 1 and no padding; images under GROUP_COLUMNS pixels go several to a
@@ -810,14 +810,9 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 mdl_epilogue tiles = ep;
                 tiles.row_sum = tiles.row_sumsq = NULL;
                 const mdl_epilogue *te = bias || relu ? &tiles : NULL;
-                /* panels of 16 output pixels: a piece of one row, or two rows of 8 */
                 float *yb = OUT(b);
-                const int64_t half = g->wo == 8 ? wp : 8;
-                for (int64_t p = 0; p < P; p += 16) {
-                    const int64_t oh = p / g->wo, ow = p % g->wo;
-                    (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
-                        c_out, K, pa, col + oh * wp + ow, off, half, beta, yb + p, P, te);
-                }
+                (avx512 ? mdl_sgemm_avx512_packed_image : mdl_sgemm_avx2_packed_image)(
+                    c_out, K, pa, col, g->wo, wp, P, off, beta, yb, P, te);
                 if (sums) mdl_conv_row_sums_avx2(c_out, P, yb, ep.row_sum, ep.row_sumsq);
             } else {
                 const float *src = input_image(s, x, b, in, end);
@@ -1164,11 +1159,9 @@ static void backward_data_phases(const mdl_conv2d_shape *s, const conv_geom *g, 
                     /* the phase's first pixel reads dy's padded plane from here */
                     const float *base = dyn + (d.first_h[a] + s->pad_h) / d.sh * d.dcols +
                                         (d.first_w[b] + s->pad_w) / d.sw;
-                    const int64_t half = cols == 8 ? d.dcols : 8;
-                    for (int64_t p = 0; p < P; p += 16)
-                        (avx512 ? mdl_sgemm_avx512_packed_rows : mdl_sgemm_avx2_packed_rows)(
-                            c_in, K, pa[a][b], base + p / cols * d.dcols + p % cols, off[a][b],
-                            half, 0.0f, buf + at[a][b] + p, P, NULL);
+                    (avx512 ? mdl_sgemm_avx512_packed_image : mdl_sgemm_avx2_packed_image)(
+                        c_in, K, pa[a][b], base, cols, d.dcols, P, off[a][b], 0.0f,
+                        buf + at[a][b], P, NULL);
                 }
             float *dxn = dx + n * image;
             for (int64_t ci = 0; ci < c_in; ci++)

@@ -65,22 +65,27 @@ size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k);
 void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                       float *c, int64_t ldc, float *ws);
-/* One 16-column panel of C (m x 16) = pa @ B with B's rows read in place: row p is
- * the 8 floats at b + off[p] followed by the 8 at b + off[p] + half (half = 8: 16
- * pixels of one row of a padded image; the row stride: two rows 8 wide). */
-void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
-                                const int64_t *off, int64_t half, float beta, float *c,
-                                int64_t ldc, const mdl_epilogue *ep);
-/* The in-place panel product with AVX-512F, 16-row tiles of one zmm each:
- * mdl_sgemm_avx512_rows_pack_a packs a (m x k, row-major, lda) into pa, which holds
- * mdl_sgemm_avx512_rows_a_floats(m, k) floats (64-byte aligned), for
- * mdl_sgemm_avx512_packed_rows, with the contract of
- * mdl_sgemm_avx2_packed_rows. */
+/* Pixel j of an image's rows read in place, rows `cols` pixels apart in C and `ld`
+ * floats apart in the image: its offset in the image. */
+static inline int64_t mdl_rows_panel(int64_t j, int64_t cols, int64_t ld)
+{
+    return j / cols * ld + j % cols;
+}
+/* C (m x n) = pa @ B with B's rows read in place from an image: column j of B's row p
+ * is the float at b + mdl_rows_panel(j, cols, ld) + off[p], with cols a multiple of
+ * 16, or 8 (two rows per 16 columns), and n a multiple of 16 (the output pixels of
+ * a padded image's phase planes).  pa packed by the same level's rows_pack_a. */
+void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
+                                 int64_t cols, int64_t ld, int64_t n, const int64_t *off,
+                                 float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
+/* The same with AVX-512F: mdl_sgemm_avx512_rows_pack_a packs a (m x k, row-major,
+ * lda) into pa, which holds mdl_sgemm_avx512_rows_a_floats(m, k) floats (64-byte
+ * aligned), for mdl_sgemm_avx512_packed_image. */
 size_t mdl_sgemm_avx512_rows_a_floats(int64_t m, int64_t k);
 void mdl_sgemm_avx512_rows_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, float *pa);
-void mdl_sgemm_avx512_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
-                                  const int64_t *off, int64_t half, float beta, float *c,
-                                  int64_t ldc, const mdl_epilogue *ep);
+void mdl_sgemm_avx512_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
+                                   int64_t cols, int64_t ld, int64_t n, const int64_t *off,
+                                   float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_sgemm_avx2_workspace_floats(m, n, k) ((void)(m), (void)(n), (void)(k), (size_t)0)
 #  define mdl_sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws) \

@@ -12,7 +12,7 @@
  *
  * For the convolution, mdl_sgemm_avx2_pack_a / mdl_sgemm_avx2_packed multiply
  * weights packed once by an image's columns on one thread, and
- * mdl_sgemm_avx2_packed_rows by rows of an image read in place, with an epilogue
+ * mdl_sgemm_avx2_packed_image by rows of an image read in place, with an epilogue
  * (bias, ReLU, row sums). */
 #include "common.h"
 #if MDL_X86
@@ -341,9 +341,10 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
     }
 }
 
-void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const float *b,
-                                const int64_t *off, int64_t half, float beta, float *c,
-                                int64_t ldc, const mdl_epilogue *ep)
+/* One 16-column panel of C (m x 16) = pa @ B with B's rows read in place: row p is
+ * the 8 floats at b + off[p] followed by the 8 at b + off[p] + half. */
+static void packed_rows(int64_t m, int64_t k, const float *pa, const float *b, const int64_t *off,
+                        int64_t half, float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -356,5 +357,13 @@ void mdl_sgemm_avx2_packed_rows(int64_t m, int64_t k, const float *pa, const flo
                  beta_eff, last, i);
         }
     }
+}
+void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
+                                 int64_t cols, int64_t ld, int64_t n, const int64_t *off,
+                                 float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
+{
+    const int64_t half = cols == 8 ? ld : 8;
+    for (int64_t j = 0; j < n; j += 16)
+        packed_rows(m, k, pa, b + mdl_rows_panel(j, cols, ld), off, half, beta, c + j, ldc, ep);
 }
 #endif

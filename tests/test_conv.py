@@ -67,6 +67,7 @@ BIG = [
     (11, 32, 16, 16, 32, 5, 5, 1, 2),         # the fast path's chunks: 9 images, then 2
     (7, 32, 2, 2, 24, 3, 3, 1, 1),            # 2x2 images in groups, split over threads
     (5, 16, 32, 32, 32, 3, 3, 2, 1),          # strided dx by phases, split over threads
+    (2, 48, 32, 32, 13, 3, 3, 1, 1),          # rows in place: K in two blocks, 8 + 5 channels
 ]
 
 
