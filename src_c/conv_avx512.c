@@ -8,7 +8,8 @@
  * rows of K in blocks of 3, 2 or 1), where the
  * AVX2 kernel does 12 per 4 + 3 on 8 pixels: on Zen 4, whose 512-bit FMAs issue as
  * two halves, the arithmetic peak is the same, and the gain is in the loads and
- * instructions per FMA. */
+ * instructions per FMA.  Rows a multiple of 16 wide are walked down columns of
+ * 16-pixel pieces, with no runs to track. */
 #include "common.h"
 #if MDL_X86
 #include <immintrin.h>
@@ -70,6 +71,13 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
         STORE1(c, 0) STORE1(c, 1) STORE1(c, 2) STORE1(c, 3) STORE1(c, 4) STORE1(c, 5) \
     }
 
+#define ROW_X(j) const __m512 x##j = KB > j ? _mm512_loadu_ps(xr##j + o) : zero;
+#define ROW_FMAS(c)                                                          \
+    if (CB > c) {                                                            \
+        const __m512 d = _mm512_loadu_ps(dr##c + q);                          \
+        FMA1(c, 0) FMA1(c, 1) FMA1(c, 2) FMA1(c, 3) FMA1(c, 4) FMA1(c, 5)    \
+    }
+
 /* Channels [co, co + CB) x rows [k, k + KB) of K (CB <= 4, KB <= 6; the unused
  * accumulators fold away). */
 ALWAYS_INLINE void dot_block(const int CB, const int KB, int64_t co, int64_t k, int64_t c_out, int64_t K,
@@ -81,6 +89,28 @@ ALWAYS_INLINE void dot_block(const int CB, const int KB, int64_t co, int64_t k, 
     const int odd = (P / 8) % 2; /* a last run of 8 alone */
     const __m512 zero = _mm512_setzero_ps();
     ACC(0) ACC(1) ACC(2) ACC(3)
+    if (wo % 16 == 0) {
+        /* whole 16-pixel pieces of rows: one offset walks the padded plane, one dy's */
+        for (int64_t im = 0; im < images; im++) {
+            const float *xp = xp_all + im * xp_stride, *dy = dy_all + im * c_out * P + co * P;
+            /* (unused rows and channels: the first's, never read) */
+            const float *xr0 = xp + off[k], *xr1 = xp + off[k + (KB > 1)],
+                        *xr2 = xp + off[k + 2 * (KB > 2)], *xr3 = xp + off[k + 3 * (KB > 3)],
+                        *xr4 = xp + off[k + 4 * (KB > 4)], *xr5 = xp + off[k + 5 * (KB > 5)];
+            const float *dr0 = dy, *dr1 = dy + P * (CB > 1), *dr2 = dy + 2 * P * (CB > 2),
+                        *dr3 = dy + 3 * P * (CB > 3);
+            /* down the columns of 16 (a row has few pieces: 2 at 32x32) */
+            for (int64_t ow = 0; ow < wo; ow += 16) {
+                int64_t o = ow, q = ow;
+                for (int64_t oh = 0; oh < ho; oh++, o += wp, q += wo) {
+                    ROW_X(0) ROW_X(1) ROW_X(2) ROW_X(3) ROW_X(4) ROW_X(5)
+                    ROW_FMAS(0) ROW_FMAS(1) ROW_FMAS(2) ROW_FMAS(3)
+                }
+            }
+        }
+        STORES(0) STORES(1) STORES(2) STORES(3)
+        return;
+    }
     for (int64_t im = 0; im < images; im++) {
         const float *dy = dy_all + im * c_out * P, *xp = xp_all + im * xp_stride;
         runs r;
