@@ -158,7 +158,12 @@ def _rel_diff(a, b):
                for k in b if not k.endswith("num_batches_tracked"))
 
 
-TOL = 1e-4  # relative L2 per tensor: float32 sums taken in another order
+# relative L2 per tensor: float32 sums taken in another order.  The weights agree to
+# about 2e-6; the largest gaps are in the tensors whose gradients are sums that cancel
+# (a convolution's bias ahead of a BatchNorm, whose exact gradient is zero, and the
+# BatchNorm shifts): 0.7-1.6e-4 after 3 steps of cifar10_full, moving with the
+# summation order of the kernels
+TOL = 3e-4
 
 
 @mpi
