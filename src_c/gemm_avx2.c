@@ -35,12 +35,15 @@
 #define LAZY_B 0
 #define MB_MAX 1536  /* rows of A packed per step */
 #define NC_MAX 4096  /* columns of B packed per step */
-/* rows split when a K block of all of op(B) (kc x n) fits in half of a 512 KiB L2 */
+/* rows or columns split when a K block of all of op(B) (kc x n) fits in half of a
+ * 512 KiB L2; columns split for C of at most 3 micro-panels' rows, reading B in
+ * place for at most 2 (16 x 1024 x 27 with B in place: 0.74x on 1 thread) */
 #ifndef ROWS_SPLIT_BLOCK
 #  define ROWS_SPLIT_BLOCK (64 * 1024)
 #endif
 #define ROWS_SPLIT_B_MAX (512 * 1024)
-#define ROWS_SPLIT_IN_PLACE_M (2 * MR)
+#define COLS_SPLIT_M (3 * MR)
+#define COLS_SPLIT_IN_PLACE_M (2 * MR)
 #define SHARED_IN_PLACE_M 0 /* B read in place with 6-row tiles: 64 x 1024 x 576 at 0.62x */
 #define B_ALIGN 8 /* floats in a ymm */
 

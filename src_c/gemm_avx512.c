@@ -42,19 +42,18 @@
 #define B_PANEL_OUTER 0
 #define LAZY_B 1
 #define NC_MAX 4096        /* columns of B packed per step */
-/* The rows-split driver: when one K block of all of op(B)'s columns fits in L2
- * (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small (ROWS_SPLIT_B_MAX), op(B)
- * is packed whole up front, or read in place (not transposed, at most
- * ROWS_SPLIT_IN_PLACE_M rows in C, so that each element is read at most twice). */
+/* The rows- and columns-split drivers: when one K block of all of op(B)'s columns
+ * fits in L2 (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small
+ * (ROWS_SPLIT_B_MAX).  Columns split for C of at most COLS_SPLIT_M rows, op(B) then
+ * read in place (not transposed) so that each element is read at most twice from L2. */
 #ifndef ROWS_SPLIT_BLOCK
 #  define ROWS_SPLIT_BLOCK (128 * 1024)
 #endif
 #ifndef ROWS_SPLIT_B_MAX
 #  define ROWS_SPLIT_B_MAX (512 * 1024)
 #endif
-#ifndef ROWS_SPLIT_IN_PLACE_M
-#  define ROWS_SPLIT_IN_PLACE_M (2 * MR)
-#endif
+#define COLS_SPLIT_M (2 * MR)
+#define COLS_SPLIT_IN_PLACE_M COLS_SPLIT_M
 /* The shared-blocks driver reads op(B) in place (not transposed, rows 64-byte
  * aligned) when C has at most this many rows: each element of B then serves too
  * few rows to repay packing it (measured: 64 x 1024 x 576 and 128 x 4096 x 1152 gain

@@ -3,15 +3,18 @@ where the CPU has it), 1 and 2 threads.
 
 The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows of
 C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
-4096, tiles of 6 x 16.  The AVX-512 kernel: K in blocks of up to 384, tiles of
-14 x 32 with masked column edges, and two drivers chosen by shape: when a K block
-of op(B) holds at most 128K floats and all of it at most 512K, op(B) is read in
-place (not transposed, M <= 28) or packed whole, the threads split the rows, and
-op(A) is read in place when it is not transposed and alpha is 1; otherwise rows in
-packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, op(B)
-read in place when it is not transposed, 64-byte aligned and M <= 256, else packed a
-group at a time when the threads split only the columns.  The shapes below cross
-each of these boundaries.
+4096, tiles of 6 x 16; when a K block of op(B) holds at most 64K floats and C at
+most 18 rows, the threads split the columns (op(B) read in place when it is not
+transposed and M <= 12, else each thread packs its own panels).  The AVX-512
+kernel: K in blocks of up to 384, tiles of 14 x 32 with masked column edges, and
+three drivers chosen by shape: when a K block of op(B) holds at most 128K floats
+and all of it at most 512K, the threads split the columns for M <= 28 (op(B) read
+in place when it is not transposed, else packed per thread) or the rows (op(B)
+packed whole), and op(A) is read in place when it is not transposed and alpha is
+1; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
+groups of 8 x 32, op(B) read in place when it is not transposed, 64-byte aligned
+and M <= 256, else packed a group at a time when the threads split only the
+columns.  The shapes below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -148,7 +151,7 @@ def test_sgemm_nan_in_inputs_propagates(simd):
 
 
 @pytest.mark.parametrize("m,n,k", [(130, 200, 333), (16, 2000, 800), (256, 64, 2304),
-                                   (20, 300, 800)])
+                                   (20, 300, 800), (16, 1024, 27), (5, 100, 300)])
 def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k):
     """Each SIMD kernel sums each element in the same order whatever the thread grid."""
     a, b = f32(rng, m, k), f32(rng, k, n)
