@@ -171,7 +171,11 @@ class build_ext(_build_ext):
 def cython_extensions():
     from Cython.Build import cythonize
     # depends: relink _C whenever a core source or header changes
-    exts = [Extension("minidl._C", ["minidl/_C.pyx"], include_dirs=["include"], libraries=["m"],
+    import numpy
+    # NumPy's C API: the bindings read an array's data pointer from the array itself
+    exts = [Extension("minidl._C", ["minidl/_C.pyx"],
+                      include_dirs=["include", numpy.get_include()], libraries=["m"],
+                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                       depends=CORE_SOURCES + CORE_HEADERS)]
     if NVCC:
         exts.append(Extension("minidl._cuda", ["minidl/_cuda.pyx"], include_dirs=["include"],

@@ -258,3 +258,23 @@ def test_sgemm_read_only_or_overlapping_out():
     sq = np.ones((4, 4), np.float32)
     with pytest.raises(ValueError, match="must not overlap"):
         ops.sgemm(sq, np.ones((4, 4), np.float32), out=sq)
+
+
+@pytest.mark.parametrize("a,exc,match", [
+    (np.ones(6), ValueError, "expected float32 data, got float64"),
+    (np.ones((2, 3), np.float32), ValueError, r"1-D C-contiguous array, got shape \(2, 3\)"),
+    (np.ones(12, np.float32)[::2], ValueError, "1-D C-contiguous"),
+    (bytearray(24), TypeError, "expected a NumPy array, got bytearray"),
+])
+def test_binding_checks_arrays(a, exc, match):
+    """The bindings take the data pointer from the array itself, after checking its
+    type, dimensions and layout."""
+    b, c = np.ones(6, np.float32), np.zeros(4, np.float32)
+    with pytest.raises(exc, match=match):
+        _C.sgemm(False, False, 2, 2, 3, 1.0, a, 3, b, 2, 0.0, c, 2)
+    c.flags.writeable = False
+    with pytest.raises(ValueError, match="output array is read-only"):
+        _C.sgemm(False, False, 2, 2, 3, 1.0, np.ones(6, np.float32), 3, b, 2, 0.0, c, 2)
+    c = np.zeros(4, np.float32)
+    _C.sgemm(False, False, 2, 2, 3, 1.0, np.ones(6, np.float32), 3, b, 2, 0.0, c, 2)
+    np.testing.assert_array_equal(c, 3.0)
