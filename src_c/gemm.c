@@ -54,14 +54,14 @@ mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, 
         MDL_CHECK_PTR(b);
     }
     /* a workspace that is too small is an error on every path, not only where it is used */
-    if (k > 0 && workspace != NULL && workspace_bytes < mdl_sgemm_workspace_size(m, n, k))
+    const size_t need = k > 0 ? mdl_sgemm_workspace_size(m, n, k) : 0;
+    if (workspace != NULL && workspace_bytes < need)
         return mdl_error(MDL_ERR_WORKSPACE, "mdl_sgemm: workspace has %zu bytes, needs %zu",
-                         workspace_bytes, mdl_sgemm_workspace_size(m, n, k));
+                         workspace_bytes, need);
     if (mdl_use_avx2() && k > 0) {
         void *owned;
         float *ws;
-        mdl_status st = mdl_workspace("mdl_sgemm", workspace, workspace_bytes,
-                                      mdl_sgemm_workspace_size(m, n, k), &owned, &ws);
+        mdl_status st = mdl_workspace("mdl_sgemm", workspace, workspace_bytes, need, &owned, &ws);
         if (st != MDL_OK) return st;
         if (mdl_use_avx512())
             mdl_sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
