@@ -44,8 +44,8 @@
 #define NC_MAX 4096        /* columns of B packed per step */
 /* The rows- and columns-split drivers: when one K block of all of op(B)'s columns
  * fits in L2 (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small
- * (ROWS_SPLIT_B_MAX).  Columns split for C of at most COLS_SPLIT_M rows, op(B) then
- * read in place (not transposed) so that each element is read at most twice from L2. */
+ * (ROWS_SPLIT_B_MAX).  Columns split for C of at most COLS_SPLIT_M rows (two
+ * micro-panels), op(B) then read in place when it is not transposed. */
 #ifndef ROWS_SPLIT_BLOCK
 #  define ROWS_SPLIT_BLOCK (128 * 1024)
 #endif
