@@ -241,12 +241,14 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 #  error "the micro-kernel holds 28 accumulators: MR <= 14 rows of 2 or MR <= 7 of 4 vectors"
 #endif
 
-/* 16 floats of a row of B: packed (aligned, whole), or in place (lanes past the
- * tile's columns are not read) */
+/* 16 floats of a row of B: packed (INPLACE 0: aligned, whole), or in place (1:
+ * lanes past the tile's columns are not read; 2: a whole tile, plain loads, 4-5%
+ * faster than masked ones on Zen 4) */
 static inline __attribute__((always_inline)) __m512
 load_b(const int INPLACE, __mmask16 mask, const float *p)
 {
-    return INPLACE ? _mm512_maskz_loadu_ps(mask, p) : _mm512_load_ps(p);
+    return INPLACE == 1 ? _mm512_maskz_loadu_ps(mask, p)
+         : INPLACE == 2 ? _mm512_loadu_ps(p) : _mm512_load_ps(p);
 }
 
 static inline __attribute__((always_inline)) void
@@ -266,7 +268,9 @@ kernel_rows(const int ROWS, const int INPLACE, const int AIN, int64_t lda_, int6
     __m512 c7_2 = c0_0, c7_3 = c0_0, c8_2 = c0_0, c8_3 = c0_0, c9_2 = c0_0, c9_3 = c0_0;
     __m512 c10_2 = c0_0, c10_3 = c0_0, c11_2 = c0_0, c11_3 = c0_0, c12_2 = c0_0, c12_3 = c0_0;
     __m512 c13_2 = c0_0, c13_3 = c0_0;
-    ALL_ROWS(ROW_PREFETCH)
+    if (beta != 0.0f) { /* C is read only then (beta == 0: 16 x 1024 x 27 1.04x) */
+        ALL_ROWS(ROW_PREFETCH)
+    }
     const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32),
                     m3 = lanes(cols - 48);
 #pragma GCC unroll 4
@@ -303,12 +307,15 @@ kernel_rows(const int ROWS, const int INPLACE, const int AIN, int64_t lda_, int6
 static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b, int64_t b_ld,
                    float *c, int64_t ldc, int cols, float beta)
 {
-#define KERNEL_CASE(R)                                                                   \
-    case R:                                                                             \
-        if (a_ld && b_ld) kernel_rows(R, 1, 1, a_ld, kc, a, b, b_ld, c, ldc, cols, beta); \
-        else if (a_ld) kernel_rows(R, 0, 1, a_ld, kc, a, b, NR, c, ldc, cols, beta);    \
-        else if (b_ld) kernel_rows(R, 1, 0, 0, kc, a, b, b_ld, c, ldc, cols, beta);     \
-        else kernel_rows(R, 0, 0, 0, kc, a, b, NR, c, ldc, cols, beta);                 \
+    const int b_in = b_ld == 0 ? 0 : cols == NR ? 2 : 1; /* load_b's INPLACE */
+#define KERNEL_CASE(R)                                                                     \
+    case R:                                                                               \
+        if (b_in == 2 && a_ld) kernel_rows(R, 2, 1, a_ld, kc, a, b, b_ld, c, ldc, cols, beta); \
+        else if (b_in == 2) kernel_rows(R, 2, 0, 0, kc, a, b, b_ld, c, ldc, cols, beta);   \
+        else if (b_in && a_ld) kernel_rows(R, 1, 1, a_ld, kc, a, b, b_ld, c, ldc, cols, beta); \
+        else if (a_ld) kernel_rows(R, 0, 1, a_ld, kc, a, b, NR, c, ldc, cols, beta);      \
+        else if (b_in) kernel_rows(R, 1, 0, 0, kc, a, b, b_ld, c, ldc, cols, beta);       \
+        else kernel_rows(R, 0, 0, 0, kc, a, b, NR, c, ldc, cols, beta);                   \
         break;
     switch (rows) {
 #if MR >= 14
