@@ -324,8 +324,10 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
     rng = np.random.default_rng(0)
     rows = []
     for kind, (m, n, k) in shapes:
-        t_mdl, t_np = bench_gemm.time_shape(np, _C, m, n, k, rounds, min_time, settle, rng)
-        rows.append({"m": m, "n": n, "k": k, "kind": kind, "minidl_s": t_mdl, "numpy_s": t_np})
+        t_mdl, t_np, layout = bench_gemm.time_shape(np, _C, m, n, k, rounds, min_time, settle,
+                                                    rng)
+        rows.append({"m": m, "n": n, "k": k, "kind": kind, "minidl_s": t_mdl, "numpy_s": t_np,
+                     "layout": layout})
         flop = 2.0 * m * n * k
         progress(f"  sgemm {m}x{n}x{k:<6} minidl {flop / statistics.median(t_mdl) / 1e9:7.1f}  "
                  f"NumPy {flop / statistics.median(t_np) / 1e9:7.1f} GFLOP/s (medians)")

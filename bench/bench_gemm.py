@@ -169,7 +169,9 @@ def timed(fn, min_time, settle):
 
 
 def make_case(np, _C, m, n, k, rng):
-    """(run_minidl, run_numpy) on the same random operands, after checking that they agree."""
+    """(run_minidl, run_numpy, layout) on the same random operands, after checking that
+    they agree; layout: where C starts after B modulo 4 KiB and each one's offset in its
+    cache line (the speed of thin products on two threads depends on it, bench/NOTES.md)."""
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = np.empty((m, n), np.float32)
@@ -188,17 +190,20 @@ def make_case(np, _C, m, n, k, rng):
     err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
     if not err < 1e-4:
         raise AssertionError(f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}")
-    return run_minidl, run_numpy
+    pa, pb, pc = (x.ctypes.data for x in (a, b, c))
+    layout = {"c_after_b_mod_4k": (pc - pb) % 4096, "line_offsets": [pa % 64, pb % 64, pc % 64]}
+    return run_minidl, run_numpy, layout
 
 
 def time_shape(np, _C, m, n, k, rounds, min_time, settle, rng):
-    """Seconds per call of minidl and of NumPy, one sample of each per round, alternating."""
-    run_minidl, run_numpy = make_case(np, _C, m, n, k, rng)
+    """Seconds per call of minidl and of NumPy, one sample of each per round, alternating,
+    and the operands' layout (make_case)."""
+    run_minidl, run_numpy, layout = make_case(np, _C, m, n, k, rng)
     t_mdl, t_np = [], []
     for _ in range(rounds):
         t_mdl.append(timed(run_minidl, min_time, settle))
         t_np.append(timed(run_numpy, min_time, settle))
-    return t_mdl, t_np
+    return t_mdl, t_np, layout
 
 
 def main():

@@ -129,3 +129,16 @@ def test_child_commands_name_simd_and_threads():
     assert cmd[cmd.index("--threads") + 1] == "1" and "--json" in cmd
     cmd = bench_cpu.torch_command("tpy", "resnet20", 128, 10, 3, 2, channels_last=True)
     assert "OMP_NUM_THREADS=2" in cmd and cmd[-1] == "--channels-last"
+
+
+def test_gemm_case_checks_results_and_records_layout():
+    import numpy as np
+    import bench_gemm
+    from minidl import _C
+    run_minidl, run_numpy, layout = bench_gemm.make_case(np, _C, 5, 40, 7,
+                                                         np.random.default_rng(0))
+    run_minidl()
+    run_numpy()
+    assert 0 <= layout["c_after_b_mod_4k"] < 4096
+    assert len(layout["line_offsets"]) == 3
+    assert all(0 <= x < 64 and x % 4 == 0 for x in layout["line_offsets"])
