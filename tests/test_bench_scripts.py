@@ -1,4 +1,5 @@
-"""bench/bench_cpu.py's arithmetic and tables, on made-up samples (no torch, no timing)."""
+"""bench/bench_cpu.py's arithmetic and tables, on made-up samples (no torch, no timing), and
+bench/bench_gemm.py's SGEMM case."""
 import json
 import os
 import subprocess
@@ -131,7 +132,7 @@ def test_child_commands_name_simd_and_threads():
     assert "OMP_NUM_THREADS=2" in cmd and cmd[-1] == "--channels-last"
 
 
-def test_gemm_case_checks_results_and_records_layout():
+def test_gemm_case_records_the_operands_layout():
     import numpy as np
     import bench_gemm
     from minidl import _C
