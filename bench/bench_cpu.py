@@ -23,7 +23,11 @@ minidl run that reports another SIMD level than --simd is an error.
 After the nets: the machine's FMA peak (bench/fma_peak.c, compiled into a
 temporary directory, one copy per thread at once; skipped without a C compiler)
 and the SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs),
-minidl and NumPy alternating with bench_gemm.py's code, in this process.  The
+minidl and NumPy alternating with bench_gemm.py's code, in this process, in
+rounds over all the shapes (so that one shape's samples are spread over the
+whole stage, not taken in one slow minute), each round on freshly allocated
+operands (a thin product's speed on two threads depends on where C lies against
+B, bench/NOTES.md; the median is then over layouts, each round's recorded).  The
 peak is measured before and after the SGEMM shapes and the higher figure is
 used.  The JSON is written after each stage ("complete": false until the end).
 
@@ -322,15 +326,22 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
     if minidl.get_simd() != simd:
         raise RunFailed(f"sgemm: minidl runs {minidl.get_simd()}, not {simd}")
     rng = np.random.default_rng(0)
-    rows = []
-    for kind, (m, n, k) in shapes:
-        t_mdl, t_np, layout = bench_gemm.time_shape(np, _C, m, n, k, rounds, min_time, settle,
-                                                    rng)
-        rows.append({"m": m, "n": n, "k": k, "kind": kind, "minidl_s": t_mdl, "numpy_s": t_np,
-                     "layout": layout})
-        flop = 2.0 * m * n * k
-        progress(f"  sgemm {m}x{n}x{k:<6} minidl {flop / statistics.median(t_mdl) / 1e9:7.1f}  "
-                 f"NumPy {flop / statistics.median(t_np) / 1e9:7.1f} GFLOP/s (medians)")
+    rows = [{"m": m, "n": n, "k": k, "kind": kind, "minidl_s": [], "numpy_s": [], "layout": []}
+            for kind, (m, n, k) in shapes]
+    for rnd in range(rounds):
+        for row in rows:
+            run_minidl, run_numpy, layout = bench_gemm.make_case(np, _C, row["m"], row["n"],
+                                                                 row["k"], rng)
+            row["minidl_s"].append(bench_gemm.timed(run_minidl, min_time, settle))
+            row["numpy_s"].append(bench_gemm.timed(run_numpy, min_time, settle))
+            row["layout"].append(layout)
+            del run_minidl, run_numpy  # the operands go before the next shape's
+        progress(f"  sgemm round {rnd + 1} of {rounds} done")
+    for row in rows:
+        flop = 2.0 * row["m"] * row["n"] * row["k"]
+        progress(f"  sgemm {row['m']}x{row['n']}x{row['k']:<6} minidl "
+                 f"{flop / statistics.median(row['minidl_s']) / 1e9:7.1f}  NumPy "
+                 f"{flop / statistics.median(row['numpy_s']) / 1e9:7.1f} GFLOP/s (medians)")
     info = {"numpy": np.__version__, "numpy_blas": bench_gemm.numpy_blas(np),
             "minidl_version": minidl.__version__, "minidl_simd": minidl.get_simd()}
     return rows, info

@@ -24,7 +24,7 @@ images x h_out x w_out, K = c_in x kh x kw for the forward; M = K, K = c_out,
 A transposed for the data gradient; M = c_out, N = K, K = B x P, B transposed
 for the weight gradient); and the shapes of the earlier runs.
 
-The functions (set_threads, load_libraries, make_case, time_shape) are also
+The functions (set_threads, load_libraries, make_case, timed) are also
 used by bench/bench_cpu.py.
 """
 import argparse
@@ -193,17 +193,6 @@ def make_case(np, _C, m, n, k, rng):
     pa, pb, pc = (x.ctypes.data for x in (a, b, c))
     layout = {"c_after_b_mod_4k": (pc - pb) % 4096, "line_offsets": [pa % 64, pb % 64, pc % 64]}
     return run_minidl, run_numpy, layout
-
-
-def time_shape(np, _C, m, n, k, rounds, min_time, settle, rng):
-    """Seconds per call of minidl and of NumPy, one sample of each per round, alternating,
-    and the operands' layout (make_case)."""
-    run_minidl, run_numpy, layout = make_case(np, _C, m, n, k, rng)
-    t_mdl, t_np = [], []
-    for _ in range(rounds):
-        t_mdl.append(timed(run_minidl, min_time, settle))
-        t_np.append(timed(run_numpy, min_time, settle))
-    return t_mdl, t_np, layout
 
 
 def main():
