@@ -25,9 +25,10 @@ temporary directory, one copy per thread at once; skipped without a C compiler)
 and the SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs),
 minidl and NumPy alternating with bench_gemm.py's code, in this process, in
 rounds over all the shapes (so that one shape's samples are spread over the
-whole stage, not taken in one slow minute), each round on freshly allocated
-operands (a thin product's speed on two threads depends on where C lies against
-B, bench/NOTES.md; the median is then over layouts, each round's recorded).  The
+whole stage, not taken in one slow minute), each round on fresh operands at
+random places in their pages (a thin product's speed on two threads depends on
+where C lies against B, bench/NOTES.md; the median is then over layouts, each
+round's recorded).  The
 peak is measured before and after the SGEMM shapes and the higher figure is
 used.  The JSON is written after each stage ("complete": false until the end).
 

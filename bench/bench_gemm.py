@@ -168,14 +168,25 @@ def timed(fn, min_time, settle):
         reps = max(reps * 2, int(reps * min_time / max(dt, 1e-9)) + 1)
 
 
+def placed(np, rng, shape):
+    """An uninitialised float32 array that starts a random multiple of 16 bytes into a
+    4 KiB page (malloc hands a freed block back at the same address: without this, every
+    case of a shape would see the same layout)."""
+    size = int(np.prod(shape)) * 4
+    buf = np.empty(size + 8192, np.uint8)
+    start = (-buf.ctypes.data) % 4096 + 16 * int(rng.integers(0, 256))
+    return buf[start:start + size].view(np.float32).reshape(shape)
+
+
 def make_case(np, _C, m, n, k, rng):
-    """(run_minidl, run_numpy, layout) on the same random operands, after checking that
-    they agree; layout: where C starts after B modulo 4 KiB and each one's offset in its
-    cache line (the speed of thin products on two threads depends on it, bench/NOTES.md)."""
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    c = np.empty((m, n), np.float32)
-    c_ref = np.empty((m, n), np.float32)
+    """(run_minidl, run_numpy, layout) on the same random operands, each at a random
+    place in a page, after checking that they agree; layout: where C starts after B
+    modulo 4 KiB and each one's offset in its cache line (the speed of thin products on
+    two threads depends on it, bench/NOTES.md)."""
+    a, b = placed(np, rng, (m, k)), placed(np, rng, (k, n))
+    a[...] = rng.standard_normal((m, k))
+    b[...] = rng.standard_normal((k, n))
+    c, c_ref = placed(np, rng, (m, n)), placed(np, rng, (m, n))
     ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
     fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
 
