@@ -331,12 +331,11 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
             for kind, (m, n, k) in shapes]
     for rnd in range(rounds):
         for row in rows:
-            run_minidl, run_numpy, layout = bench_gemm.make_case(np, _C, row["m"], row["n"],
-                                                                 row["k"], rng)
-            row["minidl_s"].append(bench_gemm.timed(run_minidl, min_time, settle))
-            row["numpy_s"].append(bench_gemm.timed(run_numpy, min_time, settle))
-            row["layout"].append(layout)
-            del run_minidl, run_numpy  # the operands go before the next shape's
+            case = bench_gemm.make_case(np, _C, row["m"], row["n"], row["k"], rng)
+            row["minidl_s"].append(bench_gemm.timed(case.run_minidl, min_time, settle))
+            row["numpy_s"].append(bench_gemm.timed(case.run_numpy, min_time, settle))
+            row["layout"].append(case.layout)
+            del case  # its operands go before the next shape's
         progress(f"  sgemm round {rnd + 1} of {rounds} done")
     for row in rows:
         flop = 2.0 * row["m"] * row["n"] * row["k"]

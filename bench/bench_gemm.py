@@ -28,6 +28,7 @@ The functions (set_threads, load_libraries, make_case, timed) are also
 used by bench/bench_cpu.py.
 """
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -178,32 +179,43 @@ def placed(np, rng, shape):
     return buf[start:start + size].view(np.float32).reshape(shape)
 
 
-def make_case(np, _C, m, n, k, rng):
-    """(run_minidl, run_numpy, layout) on the same random operands, each at a random
-    place in a page, after checking that they agree; layout: where C starts after B
-    modulo 4 KiB and each one's offset in its cache line (the speed of thin products on
-    two threads depends on it, bench/NOTES.md)."""
-    a, b = placed(np, rng, (m, k)), placed(np, rng, (k, n))
-    a[...] = rng.standard_normal((m, k))
-    b[...] = rng.standard_normal((k, n))
+Case = collections.namedtuple("Case", "run_minidl run_numpy error layout")
+
+
+def make_case(np, _C, m, n, k, rng, ta=False, tb=False):
+    """A Case on random operands (op(A) = A^T with ta, op(B) = B^T with tb), each at a
+    random place in a page: run_minidl and run_numpy compute C = op(A) op(B) into their
+    own outputs, error() runs both and returns the largest difference relative to NumPy's
+    largest entry (checked below 1e-4 here, at the SIMD level in use); layout: where C
+    starts after B modulo 4 KiB and A's, B's and C's offsets in their cache lines (the
+    speed of thin products on two threads depends on it, bench/NOTES.md)."""
+    a = placed(np, rng, (k, m) if ta else (m, k))
+    b = placed(np, rng, (n, k) if tb else (k, n))
+    a[...] = rng.standard_normal(a.shape)
+    b[...] = rng.standard_normal(b.shape)
     c, c_ref = placed(np, rng, (m, n)), placed(np, rng, (m, n))
     ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
     fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+    lda, ldb = a.shape[1], b.shape[1]
+    at, bt = (a.T if ta else a), (b.T if tb else b)
 
     def run_minidl():
-        _C.sgemm(False, False, m, n, k, 1.0, fa, k, fb, n, 0.0, fc, n, ws)
+        _C.sgemm(ta, tb, m, n, k, 1.0, fa, lda, fb, ldb, 0.0, fc, n, ws)
 
     def run_numpy():
-        np.matmul(a, b, out=c_ref)
+        np.matmul(at, bt, out=c_ref)
 
-    run_minidl()
-    run_numpy()
-    err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+    def error():
+        run_minidl()
+        run_numpy()
+        return float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+
+    err = error()
     if not err < 1e-4:
         raise AssertionError(f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}")
     pa, pb, pc = (x.ctypes.data for x in (a, b, c))
     layout = {"c_after_b_mod_4k": (pc - pb) % 4096, "line_offsets": [pa % 64, pb % 64, pc % 64]}
-    return run_minidl, run_numpy, layout
+    return Case(run_minidl, run_numpy, error, layout)
 
 
 def main():
@@ -229,26 +241,11 @@ def main():
     print(f"{'shape':<32} {'m':>5} {'n':>5} {'k':>5} {'t':>2}{head} | {'NumPy GF/s':>10} {'%pk':>4}")
     shapes = [s for s in SHAPES if args.only is None or args.only in s[0]]
     for label, m, n, k, ta, tb in shapes:
-        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-        c = np.empty((m, n), np.float32)
-        c_ref = np.empty((m, n), np.float32)
-        ws = np.empty(_C.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
-        fa, fb, fc = a.reshape(-1), b.reshape(-1), c.reshape(-1)
-        lda, ldb = a.shape[1], b.shape[1]
-        at, bt = (a.T if ta else a), (b.T if tb else b)
-
-        def run_minidl():
-            _C.sgemm(ta, tb, m, n, k, 1.0, fa, lda, fb, ldb, 0.0, fc, n, ws)
-
-        def run_numpy():
-            np.matmul(at, bt, out=c_ref)
-
-        run_numpy()
+        case = make_case(np, _C, m, n, k, rng, ta, tb)
+        run_minidl, run_numpy = case.run_minidl, case.run_numpy
         for lv in levels:
             minidl.set_simd(lv)
-            run_minidl()
-            err = float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+            err = case.error()
             assert err < 1e-4, f"minidl ({lv}) and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
         t_mdl = {lv: [] for lv in levels}
         t_np = []
