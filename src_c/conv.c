@@ -863,9 +863,11 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
                 s, g->ho, g->wo, b1 - b < group ? b1 - b : group, x + b * c_in * s->h * s->w, in,
                 dy + b * c_out * g->P, du, (float *)(du + 36 * pairs));
 #pragma omp barrier
+        /* the channel pairs in whole vectors of output channels */
+        const int64_t vl = avx512 ? 16 : 8, units = pairs / vl;
         (avx512 ? mdl_winograd_avx512_grad_finish : mdl_winograd8_grad_finish)(
-            s, (const double *)ws, T, stride / 2, pairs * t / T, pairs * (t + 1) / T, dw,
-            accumulate);
+            s, (const double *)ws, T, stride / 2, units * t / T * vl, units * (t + 1) / T * vl,
+            dw, accumulate);
     }
 }
 #endif

@@ -89,7 +89,8 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * through in) and dy (c_out, ho, wo) to its part `du` (zeroed by the caller), with
  * grad_thread_floats of scratch (du included, first); grad_finish sets or adds to dw
  * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart) for the
- * channel pairs co * c_in + ci in [lo, hi). */
+ * channel pairs ci * c_out + co in [lo, hi), lo and hi multiples of the channels to a
+ * vector (16 or 8). */
 #define MDL_WINOGRAD_CHANNELS_DECLARE(P)                                                     \
     int P##_applies(const mdl_conv2d_shape *s);                                             \
     size_t P##_fixed_floats(const mdl_conv2d_shape *s);                                     \

@@ -510,27 +510,34 @@ void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int 
                                      size_t part_stride, int64_t lo, int64_t hi, float *dw,
                                      int accumulate)
 {
-    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh;
+    const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh, rr = r * r;
     const double (*G)[5] = r == 3 ? G3 : G5;
-    for (int64_t e = lo; e < hi; e++) { /* e = co * c_in + ci */
-        const int64_t co = e / c_in, ci = e % c_in;
-        double du[XI], t[6][5]; /* dU summed over the parts, then dU G */
+    /* VL output channels of one input channel at a time, in double lanes */
+    for (int64_t e = lo; e < hi; e += VL) { /* e = ci * c_out + co */
+        const int64_t ci = e / c_out, co = e % c_out;
+        double du[XI][VL], t[6][5][VL]; /* dU summed over the parts, then dU G */
         for (int xi = 0; xi < XI; xi++) {
-            double acc = 0.0;
-            for (int p = 0; p < nparts; p++) acc += parts[p * part_stride + (xi * c_in + ci) * c_out + co];
-            du[xi] = acc;
+            const double *src = parts + (xi * c_in + ci) * c_out + co;
+            for (int l = 0; l < VL; l++) du[xi][l] = 0.0;
+            for (int p = 0; p < nparts; p++)
+                for (int l = 0; l < VL; l++) du[xi][l] += src[p * part_stride + l];
         }
         for (int i = 0; i < 6; i++)
-            for (int l = 0; l < r; l++) {
-                t[i][l] = 0.0;
-                for (int j = 0; j < 6; j++) t[i][l] += du[i * 6 + j] * G[j][l];
+            for (int c = 0; c < r; c++) {
+                for (int l = 0; l < VL; l++) t[i][c][l] = 0.0;
+                for (int j = 0; j < 6; j++)
+                    for (int l = 0; l < VL; l++) t[i][c][l] += du[i * 6 + j][l] * G[j][c];
             }
-        float *d = dw + e * r * r;
         for (int k = 0; k < r; k++)
-            for (int l = 0; l < r; l++) {
-                double acc = 0.0;
-                for (int i = 0; i < 6; i++) acc += G[i][k] * t[i][l];
-                d[k * r + l] = accumulate ? d[k * r + l] + (float)acc : (float)acc;
+            for (int c = 0; c < r; c++) {
+                double acc[VL];
+                for (int l = 0; l < VL; l++) acc[l] = 0.0;
+                for (int i = 0; i < 6; i++)
+                    for (int l = 0; l < VL; l++) acc[l] += G[i][k] * t[i][c][l];
+                for (int l = 0; l < VL; l++) {
+                    float *d = dw + ((co + l) * c_in + ci) * rr + k * r + c;
+                    *d = accumulate ? *d + (float)acc[l] : (float)acc[l];
+                }
             }
     }
 }
