@@ -135,14 +135,31 @@ void WINO_NAME(weights)(const mdl_conv2d_shape *s, const float *w, float *u)
         }
 }
 
+/* v[i] = the nc floats at x + (cb + i) * plane (lanes past nc 0) read through the map
+ * `in` for channel cb + i (NULL: as they are), i < VL */
+static inline __attribute__((always_inline)) void
+load_channels(const float *x, int64_t plane, int64_t cb, int64_t nc, const mdl_affine *in,
+              vf v[VL])
+{
+    for (int i = 0; i < VL; i++) {
+        v[i] = v_load_first(x + (cb + i) * plane, nc);
+        if (in) { /* mdl_affine_apply; lanes past nc are not stored */
+            const mdl_affine_ch f = mdl_affine_at(in, cb + i);
+            v[i] = v_fmadd(v[i], v_set1(f.s), v_set1(f.t));
+            if (f.relu) v[i] = v_max(v_zero(), v[i]); /* NaN passes */
+        }
+    }
+}
+
 /* xt (rows, cols, c_in) = the image x (c_in, h, w) read through the map `in` (NULL: as
- * it is), shifted by (ph, pw) and zero around */
+ * it is), shifted by (ph, pw) and zero around.  Each transposition takes VL pixels of a
+ * row, or, in images VL / k pixels wide, k whole rows. */
 static void transpose_image(int64_t c_in, int64_t h, int64_t w, int64_t ph, int64_t pw,
                             int64_t rows, int64_t cols, const float *x, const mdl_affine *in,
                             float *xt)
 {
-    const int64_t row = cols * c_in;
-    const vf zero = v_zero();
+    const int64_t row = cols * c_in, plane = h * w;
+    const int64_t k = w < VL && VL % w == 0 ? VL / w : 1; /* rows per transposition */
     for (int64_t r = 0; r < rows; r++) {
         float *dst = xt + r * row;
         const int64_t ih = r - ph;
@@ -152,23 +169,30 @@ static void transpose_image(int64_t c_in, int64_t h, int64_t w, int64_t ph, int6
         }
         memset(dst, 0, (size_t)(pw * c_in) * sizeof(float));
         memset(dst + (pw + w) * c_in, 0, (size_t)((cols - pw - w) * c_in) * sizeof(float));
+    }
+    const int64_t ih1 = h < rows - ph ? h : rows - ph; /* the rows of x that xt holds */
+    for (int64_t ih = 0; ih < ih1;) {
+        float *dst = xt + (ih + ph) * row + pw * c_in;
+        vf v[VL];
+        if (k > 1 && ih + k <= ih1) {
+            for (int64_t cb = 0; cb < c_in; cb += VL) {
+                load_channels(x + ih * w, plane, cb, VL, in, v);
+                v_transpose(v);
+                for (int64_t j = 0; j < VL; j++)
+                    v_storeu(dst + (j / w) * row + (j % w) * c_in + cb, v[j]);
+            }
+            ih += k;
+            continue;
+        }
         for (int64_t c0 = 0; c0 < w; c0 += VL) {
             const int64_t nc = w - c0 < VL ? w - c0 : VL;
             for (int64_t cb = 0; cb < c_in; cb += VL) {
-                vf v[VL];
-                for (int i = 0; i < VL; i++) {
-                    v[i] = v_load_first(x + ((cb + i) * h + ih) * w + c0, nc);
-                    if (in) { /* mdl_affine_apply; lanes past the row are not stored */
-                        const mdl_affine_ch f = mdl_affine_at(in, cb + i);
-                        v[i] = v_fmadd(v[i], v_set1(f.s), v_set1(f.t));
-                        if (f.relu) v[i] = v_max(zero, v[i]); /* NaN passes */
-                    }
-                }
+                load_channels(x + ih * w + c0, plane, cb, nc, in, v);
                 v_transpose(v);
-                for (int64_t j = 0; j < nc; j++)
-                    v_storeu(dst + (pw + c0 + j) * c_in + cb, v[j]);
+                for (int64_t j = 0; j < nc; j++) v_storeu(dst + (c0 + j) * c_in + cb, v[j]);
             }
         }
+        ih++;
     }
 }
 

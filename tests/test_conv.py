@@ -131,6 +131,9 @@ WINOGRAD = [
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
+    (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
+    (1, 16, 9, 2, 16, 3, 3, 1, (2, 1)),       # 8 rows per transposition and a last one alone
+    (2, 8, 7, 4, 16, 3, 3, 1, (0, 2)),        # 8 lanes: 2 rows per transposition, one alone
     (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
     (2, 8, 7, 9, 24, 3, 3, 1, 1),             # 8 channels to an AVX2 vector (winograd8_avx2.c)
     (2, 24, 6, 5, 8, 5, 5, 1, 2),             # the same, F(2x2, 5x5)
