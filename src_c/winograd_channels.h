@@ -229,9 +229,9 @@ static inline __attribute__((always_inline)) void at6(const int MO, const vf m[6
 }
 
 /* V_xi[t] = (B^T d B)[xi] for the tile whose 6x6 block starts at d (in a transposed
- * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], points n * c_in
- * floats apart */
-static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, float *v)
+ * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], the tile's 36
+ * points c_in floats apart (V is tile-major: the stores are contiguous) */
+static void input_tile(int64_t c_in, int64_t wp, const float *d, float *v)
 {
     for (int64_t cb = 0; cb < c_in; cb += VL) {
         vf e[6][6];
@@ -244,7 +244,7 @@ static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, floa
             vf col[6], out[6];
             for (int a = 0; a < 6; a++) col[a] = e[a][j];
             bt6(col, out);
-            for (int i = 0; i < 6; i++) v_storeu(v + (i * 6 + j) * n * c_in + cb, out[i]);
+            for (int i = 0; i < 6; i++) v_storeu(v + (i * 6 + j) * c_in + cb, out[i]);
         }
     }
 }
@@ -254,10 +254,10 @@ static void input_tile(int64_t c_in, int64_t wp, const float *d, int64_t n, floa
  *     out[j][VL c ..] = (or +=) sum over k of a(k, j) * b[k][VL c ..]
  * forward (GRAD 0): rows j are tiles, k input channels, a(k, j) = v[j][k], b = U_xi, and
  * out = M_xi stored as floats to m; weight gradient (GRAD 1): rows j are input channels,
- * k tiles, a(k, j) = v[k][j], b = dM_xi, and out = dU_xi added to the doubles du.  v rows
- * c_in apart, b and out rows c_out apart. */
+ * k tiles, a(k, j) = v[k][j], b = dM_xi, and out = dU_xi added to the doubles du.  Rows
+ * of v vs floats apart, of b bs, of out os. */
 static inline __attribute__((always_inline)) void
-block(const int GRAD, const int CB, const int TB, int64_t K, int64_t c_in, int64_t c_out,
+block(const int GRAD, const int CB, const int TB, int64_t K, int64_t vs, int64_t bs, int64_t os,
       const float *v, const float *b, float *m, double *du)
 {
     vf acc[ACC], w[4]; /* TB * CB <= ACC, CB <= 4 */
@@ -265,10 +265,10 @@ block(const int GRAD, const int CB, const int TB, int64_t K, int64_t c_in, int64
     for (int j = 0; j < TB * CB; j++) acc[j] = v_zero();
     for (int64_t k = 0; k < K; k++) {
 #pragma GCC unroll 4
-        for (int c = 0; c < CB; c++) w[c] = v_loadu(b + k * c_out + VL * c);
+        for (int c = 0; c < CB; c++) w[c] = v_loadu(b + k * bs + VL * c);
 #pragma GCC unroll 24
         for (int j = 0; j < TB; j++) {
-            const vf x = v_set1(GRAD ? v[k * c_in + j] : v[j * c_in + k]);
+            const vf x = v_set1(GRAD ? v[k * vs + j] : v[j * vs + k]);
 #pragma GCC unroll 4
             for (int c = 0; c < CB; c++) acc[j * CB + c] = v_fmadd(x, w[c], acc[j * CB + c]);
         }
@@ -279,10 +279,10 @@ block(const int GRAD, const int CB, const int TB, int64_t K, int64_t c_in, int64
         for (int c = 0; c < CB; c++) {
             const vf r = acc[j * CB + c];
             if (!GRAD) {
-                v_storeu(m + j * c_out + VL * c, r);
+                v_storeu(m + j * os + VL * c, r);
                 continue;
             }
-            v_add_to_doubles(du + j * c_out + VL * c, r);
+            v_add_to_doubles(du + j * os + VL * c, r);
         }
 }
 
@@ -294,15 +294,17 @@ products_cb(const int GRAD, const int CB, int64_t n, int64_t c_in, int64_t c_out
 {
     const int TBM = ACC / CB;
     const int64_t rows = GRAD ? c_in : n, K = GRAD ? n : c_in;
+    /* V, M and dM tile-major (a tile's 36 points together), U and dU point-major */
+    const int64_t vs = XI * c_in, bs = GRAD ? XI * c_out : c_out, os = GRAD ? c_out : XI * c_out;
     for (int64_t xi = 0; xi < XI; xi++) {
-        const float *vx = v + xi * n * c_in, *bx = b + xi * K * c_out;
-        float *mx = GRAD ? NULL : m + xi * rows * c_out;
-        double *dx = GRAD ? du + xi * rows * c_out : NULL;
+        const float *vx = v + xi * c_in, *bx = b + (GRAD ? xi * c_out : xi * c_in * c_out);
+        float *mx = GRAD ? NULL : m + xi * c_out;
+        double *dx = GRAD ? du + xi * c_in * c_out : NULL;
         for (int64_t co = 0; co < c_out; co += VL * CB) {
             int64_t j = 0;
 #define BLOCK(TB)                                                                           \
-    block(GRAD, CB, TB, K, c_in, c_out, vx + (GRAD ? j : j * c_in), bx + co,                \
-          GRAD ? NULL : mx + j * c_out + co, GRAD ? dx + j * c_out + co : NULL)
+    block(GRAD, CB, TB, K, vs, bs, os, vx + (GRAD ? j : j * vs), bx + co,                   \
+          GRAD ? NULL : mx + j * os + co, GRAD ? dx + j * os + co : NULL)
             for (; j + TBM <= rows; j += TBM) BLOCK(TBM);
 #define TAIL(TB)                                                                            \
     if (TB < TBM && rows - j >= TB) {                                                       \
@@ -326,13 +328,13 @@ static void products(int grad, int64_t n, int64_t c_in, int64_t c_out, const flo
 #undef CASE
 }
 
-/* The MO x MO outputs of one tile from m = M_0[t] (points n * c_out floats apart):
+/* The MO x MO outputs of one tile from m = M_0[t] (points c_out floats apart):
  * Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums +
  * c_out, of the nr x nc outputs inside the image), written to y (the tile's top-left
  * output of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate:
  * no epilogue then) */
 static inline __attribute__((always_inline)) void
-output_tile(const int MO, int64_t c_out, int64_t n, const float *m, const float *bias, int relu,
+output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int relu,
             double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P, int64_t wo, float *y)
 {
     const vf zero = v_zero();
@@ -341,7 +343,7 @@ output_tile(const int MO, int64_t c_out, int64_t n, const float *m, const float 
         vf f[4][6], o[16];
         for (int j = 0; j < 6; j++) {
             vf col[6], rm[4];
-            for (int i = 0; i < 6; i++) col[i] = v_loadu(m + (i * 6 + j) * n * c_out + co);
+            for (int i = 0; i < 6; i++) col[i] = v_loadu(m + (i * 6 + j) * c_out + co);
             at6(MO, col, rm);
             for (int r = 0; r < MO; r++) f[r][j] = rm[r];
         }
@@ -408,8 +410,8 @@ static void input_tiles(int64_t c_in, const wino_geom *g, const float *xt, int64
 {
     for (int64_t t = 0; t < n; t++) {
         const int64_t q = q0 + t, b = q / g->T, ty = q % g->T / g->tw, tx = q % g->tw;
-        input_tile(c_in, g->wp,
-                   xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in, n, v + t * c_in);
+        input_tile(c_in, g->wp, xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in,
+                   v + t * XI * c_in);
     }
 }
 
@@ -434,9 +436,11 @@ void WINO_NAME(images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const 
             float *yt = y + b * c_out * P + oh * wo + ow;
             double *st = sums ? sums + b * 2 * c_out : NULL;
             if (g.m == 4)
-                output_tile(4, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
+                output_tile(4, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
+                            yt);
             else
-                output_tile(2, c_out, n, m + t * c_out, bias, relu, st, accumulate, nr, nc, P, wo, yt);
+                output_tile(2, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
+                            yt);
         }
     }
 }
@@ -481,9 +485,10 @@ static inline __attribute__((always_inline)) void a6(const int MO, const vf *e, 
 }
 
 /* dM_xi[t] = (A dY A^T)[xi] for the tile whose m x m block of dy starts at d (a transposed
- * dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t] */
+ * dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t], the tile's 36
+ * points c_out floats apart */
 static inline __attribute__((always_inline)) void
-grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, int64_t n, float *dm)
+grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, float *dm)
 {
     for (int64_t cb = 0; cb < c_out; cb += VL) {
         vf e[4][6];
@@ -496,7 +501,7 @@ grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, int64_t n, 
             vf col[4], out[6];
             for (int r = 0; r < MO; r++) col[r] = e[r][j];
             a6(MO, col, out);
-            for (int i = 0; i < 6; i++) v_storeu(dm + (i * 6 + j) * n * c_out + cb, out[i]);
+            for (int i = 0; i < 6; i++) v_storeu(dm + (i * 6 + j) * c_out + cb, out[i]);
         }
     }
 }
@@ -522,9 +527,9 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
             const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
             const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
             if (g.m == 4)
-                grad_tile(4, c_out, cols, d, n, dm + t * c_out);
+                grad_tile(4, c_out, cols, d, dm + t * XI * c_out);
             else
-                grad_tile(2, c_out, cols, d, n, dm + t * c_out);
+                grad_tile(2, c_out, cols, d, dm + t * XI * c_out);
         }
         products(1, n, c_in, c_out, v, dm, NULL, du);
     }
