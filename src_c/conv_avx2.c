@@ -74,9 +74,6 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
     }
 }
 
-#define PHASE_LINE 1024 /* floats: rows up to this wide (padded) take the vector path */
-
-/* d[0, w) = src[0, w) read through the map g (a copy when there is no map) */
 /* d[0, n) = src[0, n), inline: the rows here are short, and a libc call per row cost
  * more than the copy (bench/NOTES.md) */
 static inline void copy_row(float *d, const float *src, int64_t n)
@@ -89,6 +86,7 @@ static inline void copy_row(float *d, const float *src, int64_t n)
     }
 }
 
+/* d[0, w) = src[0, w) read through the map g (a copy when there is no map) */
 static inline void affine_row(float *d, const float *src, int64_t w, int mapped, mdl_affine_ch g)
 {
     if (mapped)
@@ -129,18 +127,58 @@ void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl
     for (int64_t ch = 0; ch < c; ch++) mdl_affine_row8(x + ch * hw, hw, mdl_affine_at(in, ch), tx + ch * hw);
 }
 
+/* The elements [0, count) of v (count clamped to [0, 8]) at d */
+static inline void store_first(float *d, __m256 v, int64_t count)
+{
+    if (count >= 8) _mm256_storeu_ps(d, v);
+    else if (count > 0) _mm256_maskstore_ps(d, mdl_lane_mask(0, count), v);
+}
+
+/* Stride 2: an input row's even and odd columns, 16 at a time, straight into the rows
+ * of the planes that hold them (plane q's column c is input column 2c + q - pad_w:
+ * the even columns go to plane pad_w % 2 from column pad_w / 2, the odd ones to the
+ * other plane from column (pad_w + 1) / 2); columns past `cols`, and the odd ones when
+ * there is one plane, are not stored.  d holds the nq planes' rows, `plane` apart. */
+static inline __attribute__((always_inline)) void
+split_row2(float *d, int64_t plane, int64_t nq, int64_t cols, const float *src, int64_t w,
+           int64_t pad_w, int mapped, mdl_affine_ch g)
+{
+    const int64_t qe = pad_w % 2, qo = 1 - qe;
+    float *de = qe < nq ? d + qe * plane + pad_w / 2 : NULL;
+    float *dodd = qo < nq ? d + qo * plane + (pad_w + 1) / 2 : NULL;
+    const int64_t ne_max = cols - pad_w / 2, no_max = cols - (pad_w + 1) / 2;
+    const __m256 s = _mm256_set1_ps(g.s), t = _mm256_set1_ps(g.t);
+    for (int64_t j = 0; j < w; j += 16) {
+        __m256 a, b;
+        if (j + 16 <= w) {
+            a = _mm256_loadu_ps(src + j);
+            b = _mm256_loadu_ps(src + j + 8);
+        } else {
+            a = _mm256_maskload_ps(src + j, mdl_lane_mask(0, w - j));
+            b = _mm256_maskload_ps(src + j + 8, mdl_lane_mask(0, w - j - 8));
+        }
+        if (mapped) {
+            a = mdl_relu8(_mm256_fmadd_ps(a, s, t), g.relu);
+            b = mdl_relu8(_mm256_fmadd_ps(b, s, t), g.relu);
+        }
+        const int64_t c = j / 2, left = w - j; /* input columns left from j */
+        if (de) {
+            const int64_t n = (left + 1) / 2 < ne_max - c ? (left + 1) / 2 : ne_max - c;
+            store_first(de + c, mdl_even_lanes(a, b), n);
+        }
+        if (dodd) {
+            const int64_t n = left / 2 < no_max - c ? left / 2 : no_max - c;
+            store_first(dodd + c, mdl_odd_lanes(a, b), n);
+        }
+    }
+}
+
 void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq, int64_t rows,
                                int64_t cols, const float *x, const mdl_affine *in, float *xp)
 {
     const int64_t sh = s->stride_h, sw = s->stride_w, plane = rows * cols;
-    /* stride 1: the rows copied into place; stride 2: each input row once into a zero-padded
-     * line, its even and odd columns split by whole vectors and stored into the planes
-     * (the last vector masked); other strides element by element */
-    const int64_t vcols = (cols + 7) / 8 * 8;
-    const int line_path = sw == 2 && 2 * vcols + 16 <= PHASE_LINE;
-    const __m256i tail = mdl_lane_mask(0, cols - (vcols - 8));
-    float line[PHASE_LINE] __attribute__((aligned(32)));
-    if (line_path) memset(line, 0, sizeof line);
+    /* stride 1: the rows copied into place; stride 2: split_row2; other strides element
+     * by element */
     memset(xp, 0, (size_t)(s->c_in * nr * nq * plane) * sizeof(float)); /* the padding */
     for (int64_t ci = 0; ci < s->c_in; ci++) {
         const mdl_affine_ch g = mdl_affine_at(in, ci);
@@ -154,16 +192,8 @@ void mdl_conv_phase_image_avx2(const mdl_conv2d_shape *s, int64_t nr, int64_t nq
                     affine_row(d + s->pad_w, src, s->w, in != NULL, g);
                     continue;
                 }
-                if (line_path) {
-                    /* line[p] = padded column p; only [pad_w, pad_w + w) is ever non-zero */
-                    affine_row(line + s->pad_w, src, s->w, in != NULL, g);
-                    for (int64_t q = 0; q < nq; q++)
-                        for (int64_t c = 0; c < vcols; c += 8) {
-                            const __m256 v = mdl_even_lanes(_mm256_loadu_ps(line + 2 * c + q),
-                                                            _mm256_loadu_ps(line + 2 * c + q + 8));
-                            if (c + 8 <= cols) _mm256_storeu_ps(d + q * plane + c, v);
-                            else _mm256_maskstore_ps(d + q * plane + c, tail, v);
-                        }
+                if (sw == 2) {
+                    split_row2(d, plane, nq, cols, src, s->w, s->pad_w, in != NULL, g);
                     continue;
                 }
                 for (int64_t q = 0; q < nq; q++)

@@ -39,6 +39,13 @@ static inline __m256 mdl_even_lanes(__m256 a, __m256 b)
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
+/* the odd elements of a then b: a1 a3 a5 a7 b1 b3 b5 b7 */
+static inline __m256 mdl_odd_lanes(__m256 a, __m256 b)
+{
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)); /* a1 a3 b1 b3 | a5 a7 b5 b7 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
 /* In-register transpose of 8 rows of 8 floats. */
 static inline void mdl_transpose8_ps(__m256 r[8])
 {

@@ -46,6 +46,8 @@ CASES = [
     (2, 6, 32, 31, 5, 1, 1, 2, 0),            # 1x1: one plane of the four
     (1, 3, 10, 46, 4, 2, 2, 3, 1),            # stride larger than the kernel
     (1, 4, 9, 18, 3, 3, 3, (2, 1), 0),        # strides (2, 1): two planes
+    (1, 3, 7, 45, 4, 3, 3, 2, 2),             # rows split 16 columns at a time: a tail of 13
+    (2, 2, 6, 19, 3, 3, 3, 2, 0),             # no padding: even columns to plane 0, odd to 1
     # strided dx by phases (data_phases_of): one GEMM per phase of the input pixels
     (2, 16, 32, 32, 32, 3, 3, 2, 1),          # resnet20's layer2.0.conv1: phases 16 wide
     (2, 16, 32, 32, 32, 1, 1, 2, 0),          # its downsample: three phases without taps
