@@ -118,8 +118,9 @@ def parse_args(argv=None):
     return args
 
 
-def run_json(cmd: list, label: str, env: dict, timeout: float) -> dict:
-    """Run one benchmark process; its stdout must hold one JSON object with the REQUIRED fields."""
+def run_json(cmd: list, label: str, env: dict, timeout: float, required=REQUIRED) -> dict:
+    """Run one benchmark process; its stdout must hold one JSON object with the `required`
+    numeric fields."""
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)
@@ -143,7 +144,7 @@ def run_json(cmd: list, label: str, env: dict, timeout: float) -> dict:
     if not isinstance(result, dict):
         raise RunFailed(f"{label}: no JSON object on stdout: {shlex.join(cmd)}\n"
                         f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}")
-    bad = [k for k in REQUIRED if not isinstance(result.get(k), (int, float))]
+    bad = [k for k in required if not isinstance(result.get(k), (int, float))]
     if bad:
         raise RunFailed(f"{label}: output lacks numeric {', '.join(bad)}: {shlex.join(cmd)}\n"
                         f"--- stdout ---\n{proc.stdout}")

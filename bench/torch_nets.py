@@ -230,6 +230,117 @@ def torch_bench(model: str, batch_size: int, steps: int, threads: int,
     }
 
 
+# The kinds of the ops a forward calls outside any leaf module (F.relu, +, ...), named
+# as minidl names their layers' kinds; "loss" is the criterion, not a layer.
+FUNCTIONAL_KINDS = {"aten::relu": "ReLU", "aten::relu_": "ReLU", "aten::add": "Add",
+                    "aten::add_": "Add", "aten::adaptive_avg_pool2d": "GlobalAvgPool2d",
+                    "aten::flatten": "Flatten", "aten::cross_entropy_loss": "loss"}
+
+
+def torch_layer_times(model: str, batch_size: int, steps: int, threads: int,
+                      channels_last: bool = False, warmup: int = 3, seed: int = 0) -> dict:
+    """Per-layer forward and backward times of training steps, from PyTorch's profiler.
+
+    Every module's forward runs inside a profiler range (forward hooks).  A leaf module
+    (Conv2d, BatchNorm2d, ...) is a layer under its state_dict name, its forward the
+    range's time; an op called outside any leaf module (F.relu, the residual +) is a layer
+    named after the module that called it, its kind and its rank among that module's
+    ops of that kind ("layer1.0.relu1", "layer1.0.add1", "relu1").  A layer's backward
+    is the time of the autograd functions whose sequence numbers its forward ops took.
+    The rest of a step (loss, gradient accumulation, autograd's bookkeeping, the SGD
+    step) is `other_ms`.  Times are per step, averaged over `steps` profiled steps."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    net = build(model)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net = net.to(memory_format=fmt).train()
+    x = torch.randn(batch_size, *INPUT_SHAPE).to(memory_format=fmt)
+    y = torch.randint(0, NUM_CLASSES, (batch_size,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    kinds, open_ranges = {}, {}
+    for path, mod in net.named_modules():
+        leaf = next(mod.children(), None) is None
+        kinds[path] = type(mod).__name__ if leaf else None
+
+        def enter(m, args, path=path):
+            open_ranges[path] = r = record_function(f"layer::{path}")
+            r.__enter__()
+
+        def leave(m, args, out, path=path):
+            open_ranges.pop(path).__exit__(None, None, None)
+
+        mod.register_forward_pre_hook(enter)
+        mod.register_forward_hook(leave)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+
+    def module_of(ev):
+        """The innermost module range around ev: (path, range event)."""
+        e = ev.cpu_parent
+        while e is not None and not e.name.startswith("layer::"):
+            e = e.cpu_parent
+        return (None, None) if e is None else (e.name[len("layer::"):], e)
+
+    layers, seq_owner, ranks = {}, {}, {}
+
+    def layer(name, kind):
+        return layers.setdefault(name, {"name": name, "kind": kind, "forward_ms": 0.0,
+                                        "backward_ms": 0.0})
+
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    for ev in events:
+        if ev.name.startswith("layer::"):
+            path = ev.name[len("layer::"):]
+            if kinds.get(path):
+                layer(path, kinds[path])["forward_ms"] += ev.cpu_time_total / 1e3
+            continue
+        path, rng = module_of(ev)
+        if path is None or ev.name.startswith("autograd::"):
+            continue
+        if kinds.get(path):  # inside a leaf module
+            if ev.sequence_nr >= 0:
+                seq_owner[ev.sequence_nr] = path
+            continue
+        kind = FUNCTIONAL_KINDS.get(ev.name)
+        if kind is None or ev.cpu_parent is not rng:
+            continue
+        # rank among the calling module's ops of this kind, counted in this call of it
+        key = (id(rng), kind)
+        ranks[key] = ranks.get(key, 0) + 1
+        name = f"{path + '.' if path else ''}{kind.lower()}{ranks[key]}"
+        if kind != "loss":
+            layer(name, kind)["forward_ms"] += ev.cpu_time_total / 1e3
+        if ev.sequence_nr >= 0:
+            seq_owner[ev.sequence_nr] = name if kind != "loss" else None
+    for ev in events:
+        if ev.name.startswith("autograd::engine::evaluate_function") and ev.cpu_parent is None:
+            owner = seq_owner.get(ev.sequence_nr)
+            if owner is not None:
+                layers[owner]["backward_ms"] += ev.cpu_time_total / 1e3
+    out = list(layers.values())
+    for r in out:
+        r["forward_ms"] /= steps
+        r["backward_ms"] /= steps
+    return {"model": model, "framework": "torch", "torch_version": torch.__version__,
+            "layout": "channels_last" if channels_last else "nchw", "batch_size": batch_size,
+            "threads": threads, "steps": steps, "profiled_step_ms": wall_ms, "layers": out,
+            "other_ms": wall_ms - sum(r["forward_ms"] + r["backward_ms"] for r in out)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, choices=sorted(MODELS))
@@ -240,7 +351,22 @@ def main(argv=None) -> int:
     p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--layers", action="store_true",
+                   help="per-layer forward/backward times of training from PyTorch's profiler "
+                        "(torch_layer_times) instead of the benchmark")
     args = p.parse_args(argv)
+    if args.layers:
+        r = torch_layer_times(args.model, args.batch_size, args.steps, args.threads,
+                              channels_last=args.channels_last, warmup=args.warmup)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            for row in r["layers"]:
+                print(f"{row['name']:<24} {row['kind']:<16} forward {row['forward_ms']:7.2f} ms"
+                      f"  backward {row['backward_ms']:7.2f} ms")
+            print(f"other {r['other_ms']:.2f} ms of a profiled step of "
+                  f"{r['profiled_step_ms']:.1f} ms")
+        return 0
     r = torch_bench(args.model, args.batch_size, args.steps, args.threads,
                     channels_last=args.channels_last, warmup=args.warmup, device=args.device)
     if args.json:

@@ -1,5 +1,6 @@
-"""bench/bench_cpu.py's arithmetic and tables, on made-up samples (no torch, no timing), and
-bench/bench_gemm.py's SGEMM case."""
+"""bench/bench_cpu.py's and bench/bench_layers.py's arithmetic and tables, on made-up
+samples (no torch, no timing), bench/bench_gemm.py's SGEMM case, and (where torch is
+installed) bench/torch_nets.py's per-layer profile."""
 import json
 import os
 import subprocess
@@ -142,3 +143,67 @@ def test_gemm_case_records_the_operands_layout():
     assert 0 <= layout["c_after_b_mod_4k"] < 4096
     assert len(layout["line_offsets"]) == 3
     assert all(0 <= x < 64 and x % 4 == 0 for x in layout["line_offsets"])
+
+
+def _layers_round(scale):
+    """One round of bench_layers.py's three runs, made up: minidl names its residual
+    addition "add", PyTorch "add1", and only PyTorch has a Flatten."""
+    mdl = [("conv1", "Conv2d"), ("relu", "ReLU"), ("layer1.0.conv1", "Conv2d"),
+           ("layer1.0.add", "Add"), ("layer1.0.relu2", "ReLU")]
+    tch = [("conv1", "Conv2d"), ("relu1", "ReLU"), ("layer1.0.conv1", "Conv2d"),
+           ("layer1.0.add1", "Add"), ("layer1.0.relu1", "ReLU"), ("flatten1", "Flatten")]
+
+    def run(names, f):
+        return [{"name": n, "kind": k, "forward_ms": f * (i + 1), "backward_ms": 2 * f * (i + 1)}
+                for i, (n, k) in enumerate(names)]
+    return {"minidl": {"train_step_ms": 40.0 * scale, "layers": run(mdl, scale)},
+            "torch_nchw": {"profiled_step_ms": 400.0 * scale, "layers": run(tch, 2 * scale)},
+            "torch_channels_last": {"profiled_step_ms": 300.0 * scale, "layers": run(tch, scale)}}
+
+
+def test_bench_layers_matches_layers_by_module_kind_and_rank():
+    import bench_layers
+    rounds = [_layers_round(1.0), _layers_round(3.0), _layers_round(2.0)]
+    rows = {r["name"]: r for r in bench_layers.summarise(rounds)}
+    # medians over the rounds (scales 1, 3, 2: the median is 2)
+    assert rows["conv1"]["minidl"] == {"forward": 2.0, "backward": 4.0}
+    assert rows["conv1"]["torch_nchw"] == {"forward": 4.0, "backward": 8.0}
+    # "layer1.0.add" (minidl) and "layer1.0.add1" (PyTorch) are one row; the block's
+    # first ReLU in PyTorch meets minidl's "layer1.0.relu2", its only one
+    assert rows["layer1.0.add"]["torch_channels_last"] == {"forward": 8.0, "backward": 16.0}
+    assert rows["layer1.0.relu2"]["torch_nchw"]["forward"] == 20.0
+    assert rows["relu"]["torch_nchw"]["forward"] == 8.0
+    # a layer only PyTorch has comes last, under its own name, "-" for minidl
+    assert list(rows)[-1] == "flatten1" and rows["flatten1"]["minidl"]["forward"] is None
+    text = bench_layers.markdown({"threads": 2, "nets": [
+        {"model": "resnet20", "batch_size": 8, "rounds": rounds,
+         "rows": bench_layers.summarise(rounds)}]})
+    assert "| flatten1 | Flatten | - / - | 24.00 / 48.00 | 12.00 / 24.00 |" in text
+    # kinds summed; the rest of PyTorch's NCHW step: 800 - (4 + 8 + ... + 24) * 3
+    assert "| Conv2d | 8.0 / 16.0 | 16.0 / 32.0 | 8.0 / 16.0 |" in text
+    assert "| the rest of the step (loss, optimizer, framework) | - | 548.0 | 474.0 |" in text
+
+
+@pytest.mark.external
+def test_torch_layer_times_names_every_layer():
+    """PyTorch's profiler, layer by layer (bench/torch_nets.py --layers): leaf modules
+    under their state_dict names, the functional ReLUs and additions by block and rank,
+    each with a forward and (the loss aside) a backward of its own."""
+    pytest.importorskip("torch")
+    import torch_nets
+    r = torch_nets.torch_layer_times("resnet20", batch_size=4, steps=1, threads=1, warmup=1)
+    rows = {row["name"]: row for row in r["layers"]}
+    convs = [n for n, row in rows.items() if row["kind"] == "Conv2d"]
+    assert len(convs) == 21 and "layer2.0.downsample.0" in convs
+    for name in ("relu1", "layer1.0.relu1", "layer1.0.relu2", "layer3.2.add1", "fc",
+                 "layer2.0.bn2", "globalavgpool2d1"):
+        assert rows[name]["forward_ms"] > 0 and rows[name]["backward_ms"] > 0, name
+    assert {row["kind"] for row in r["layers"]} == {
+        "Conv2d", "BatchNorm2d", "ReLU", "Add", "GlobalAvgPool2d", "Flatten", "Linear"}
+    assert 0 < sum(row["forward_ms"] + row["backward_ms"] for row in r["layers"]) \
+        < r["profiled_step_ms"]
+    q = torch_nets.torch_layer_times("cifar10_quick", batch_size=2, steps=1, threads=1,
+                                     warmup=0, channels_last=True)
+    assert [row["name"] for row in q["layers"]] == [
+        "conv1", "pool1", "relu1", "conv2", "relu2", "pool2", "conv3", "relu3", "pool3",
+        "flatten1", "ip1", "ip2"]
