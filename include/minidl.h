@@ -139,8 +139,12 @@ typedef struct mdl_conv2d_shape {
  * and output channels multiples of 16 with c_in * c_out <= 128 * 128 (forward, both
  * gradients); otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
  * least 64 input and output channels and outputs at least 16 wide (forward, and
- * backward_data through the equivalent forward of dy).  MDL_CONV_GEMM and
- * MDL_CONV_WINOGRAD choose one (Winograd only where it applies).  The environment
+ * backward_data through the equivalent forward of dy).  Images that lie inside every
+ * output pixel's window with fewer pixels than the kernel has taps (2x2 under 3x3
+ * with padding 1), from 16 images on, take one SGEMM over the batch with the weights
+ * spread into the dense matrix of the map from an image to its output (before
+ * Winograd; also under MDL_CONV_GEMM).  MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
+ * one (Winograd only where it applies).  The environment
  * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The
  * scalar reference kernels always convolve directly. */
 typedef enum mdl_conv_algo {

@@ -58,6 +58,14 @@ CASES = [
     (1, 8, 10, 16, 7, 3, 3, (2, 1), 1),       # strides (2, 1): two phases
     (2, 8, 16, 32, 4, 2, 2, 2, 0),            # kernel as the stride: one tap per phase
     (2, 8, 15, 16, 5, 3, 3, 2, 1),            # 8 wide but 7 rows: the chunked path
+    # images inside every output's window, fewer pixels than taps, from 16 images: one
+    # SGEMM with dense weights
+    (16, 6, 2, 2, 7, 3, 3, 1, 1),             # VGG's last layers' 2x2
+    (17, 5, 1, 1, 4, 3, 3, 1, 1),             # 1x1 images: the centre tap only
+    (16, 3, 2, 3, 5, 3, 5, 1, (1, 2)),        # 2x3 under 3x5
+    (16, 2, 3, 3, 3, 5, 5, 1, 2),             # 3x3 under 5x5
+    (16, 4, 2, 2, 5, 3, 3, 2, 1),             # stride 2: one output
+    (16, 2, 4, 4, 3, 5, 5, 1, 2),             # 4x4 under 5x5: not inside every window
     # small images on the im2col path go in groups side by side (im2col_group)
     (5, 24, 2, 2, 20, 3, 3, 1, 1),            # 2x2, as VGG's last layers: 8 to a group
     (9, 16, 4, 4, 8, 3, 3, 1, 1),             # 4x4: 2 to a group, one left over
@@ -70,6 +78,7 @@ BIG = [
     (7, 32, 2, 2, 24, 3, 3, 1, 1),            # 2x2 images in groups, split over threads
     (5, 16, 32, 32, 32, 3, 3, 2, 1),          # strided dx by phases, split over threads
     (2, 48, 32, 32, 13, 3, 3, 1, 1),          # rows in place: K in two blocks, 8 + 5 channels
+    (32, 16, 2, 2, 24, 3, 3, 1, 1),           # dense weights, the SGEMMs threaded
 ]
 
 
@@ -270,6 +279,19 @@ def test_nan_flows_to_the_output(simd, rng):
     assert np.isnan(dw).any() and not np.isnan(dx).any() and not np.isnan(db).any()
 
 
+def test_nan_flows_to_the_output_dense(simd, rng):
+    """2x2 images under 3x3 with padding 1 (one SGEMM with dense weights): every output
+    of an image reads every input, so one NaN input makes that image's outputs NaN and
+    no other image's."""
+    x, wt, b, kw = make(rng, (16, 3, 2, 2, 4, 3, 3, 1, 1))
+    x[5, 1, 0, 1] = np.nan
+    y = ops.conv2d(x, wt, b, **kw)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref.conv2d(x, wt, b, **ref_kw(kw))))
+    assert np.isnan(y[5]).all() and not np.isnan(np.delete(y, 5, 0)).any()
+    dx, dw, db = ops.conv2d_backward(x, wt, np.ones_like(y), **kw)
+    assert np.isnan(dw).any() and not np.isnan(dx).any() and not np.isnan(db).any()
+
+
 # ---- the C binding: accumulate, overwrite, workspace ---------------------------------
 
 ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 images in groups
@@ -278,7 +300,9 @@ ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 image
              (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2),
              # strided dx by phases, added in their interleaving
              (2, 16, 32, 32, 24, 3, 3, 2, 1), (2, 16, 32, 31, 8, 1, 1, 2, 0),
-             (2, 8, 16, 16, 8, 3, 3, 2, 1)]
+             (2, 8, 16, 16, 8, 3, 3, 2, 1),
+             # dense weights (2x2 images, 16 of them)
+             (16, 6, 2, 2, 7, 3, 3, 1, 1)]
 
 
 @pytest.mark.parametrize("case", ACC_CASES, ids=ids)
@@ -311,7 +335,8 @@ def test_accumulate_and_overwrite(simd, rng, case):
     assert_close(dx, rdx + dx0, "conv", "dx +=")
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[-2], BIG[0], BIG[3]], ids=ids)
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[-2], BIG[0], BIG[3],
+                                  BIG[-1]], ids=ids)
 def test_forward_epilogue(simd, threads, rng, case):
     """conv2d_forward_ex: bias and ReLU applied and the channel sums of the final y
     taken in the GEMM's epilogue, against float64 NumPy."""
@@ -354,6 +379,7 @@ POOLED = [
     (CASES[2], "avg", 2, 1, 1, False, False, True),                        # pointwise
     ((2, 5, 16, 16, 6, 3, 3, 2, 1), "max", 3, 1, 1, False, False, False),  # strided, in place
     ((5, 8, 4, 4, 12, 3, 3, 1, 1), "max", 2, 2, 0, False, True, True),     # images in groups
+    ((16, 8, 2, 2, 6, 3, 3, 1, 1), "max", 2, 2, 0, False, True, False),    # VGG's last: dense
 ]
 
 

@@ -26,6 +26,7 @@ CASES = [
     (2, 5, 7, 7, 13, 1, 1, 1, 0),
     (2, 6, 16, 16, 5, 1, 1, 2, 0),
     (1, 1, 1, 1, 1, 1, 1, 1, 0),
+    (16, 4, 2, 2, 5, 3, 3, 1, 1),  # dense weights: the mapped input copied whole
 ]
 MAPS = {"bn+relu": (True, True), "bn": (True, False), "relu": (False, True)}
 
