@@ -144,7 +144,7 @@ static void channel_affine(int64_t n, int64_t c, int64_t hw, int64_t ch, const f
         }
         if (j < hw) {
             __m256 d = _mm256_sub_ps(_mm256_maskload_ps(p + j, tail), vm);
-            _mm256_maskstore_ps(q + j, tail, _mm256_fmadd_ps(d, vs, vb));
+            mdl_store_first8(q + j, _mm256_fmadd_ps(d, vs, vb), hw - j);
         }
     }
 }
@@ -441,10 +441,10 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
             }
             if (j < hw) {
                 __m256 xb = _mm256_maskload_ps(p + j, tail), d = _mm256_sub_ps(xb, vm);
-                _mm256_maskstore_ps(q + j, tail,
+                mdl_store_first8(q + j,
                                     _mm256_fmadd_ps(gate(on, _mm256_maskload_ps(g + j, tail), xb,
                                                          vs, vt),
-                                                    va, _mm256_fmadd_ps(d, vb, vc)));
+                                                    va, _mm256_fmadd_ps(d, vb, vc)), hw - j);
             }
         }
     }
@@ -507,7 +507,7 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
             if (j < hw) { /* masked-off lanes: s = 0, so g = 0 */
                 const __m256 va = _mm256_maskload_ps(ps + j, tail);
                 SUMS(va, _mm256_maskload_ps(pg + j, tail), _mm256_maskload_ps(pb + j, tail),
-                     _mm256_maskstore_ps(q + j, tail, g_), fg1, fe1);
+                     mdl_store_first8(q + j, g_, hw - j), fg1, fe1);
             }
             if ((hw & 15) && ++since >= FLUSH) {
                 flush(&g0, &g1, &fg0), flush(&g0, &g1, &fg1);
@@ -536,8 +536,8 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
             }
             if (j < hw) {
                 const __m256 e = E(_mm256_maskload_ps(ps + j, tail), _mm256_maskload_ps(pb + j, tail));
-                _mm256_maskstore_ps(q + j, tail, _mm256_fmadd_ps(_mm256_maskload_ps(pg + j, tail), va,
-                                                                 _mm256_fmadd_ps(e, vb, vk)));
+                mdl_store_first8(q + j, _mm256_fmadd_ps(_mm256_maskload_ps(pg + j, tail), va,
+                                                                 _mm256_fmadd_ps(e, vb, vk)), hw - j);
             }
         }
 #undef E

@@ -14,7 +14,7 @@ static inline void zero_row(float *d, int64_t count)
     const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= count; i += 8) _mm256_storeu_ps(d + i, z);
-    if (i < count) _mm256_maskstore_ps(d + i, mdl_lane_mask(0, count - i), z);
+    if (i < count) mdl_store_first8(d + i, z, count - i);
 }
 
 /* d[0, n) = src[k] for k in [lo, hi), 0 elsewhere; src is read only in [lo, hi).
@@ -29,8 +29,7 @@ static inline void window_row(float *d, const float *src, int64_t n, int64_t lo,
             _mm256_storeu_ps(d + k, _mm256_maskload_ps(src + k, mdl_lane_mask(lo - k, hi - k)));
     }
     if (k < n) {
-        __m256 v = _mm256_maskload_ps(src + k, mdl_lane_mask(lo - k, hi - k));
-        _mm256_maskstore_ps(d + k, mdl_lane_mask(0, n - k), v);
+        mdl_store_first8(d + k, _mm256_maskload_ps(src + k, mdl_lane_mask(lo - k, hi - k)), n - k);
     }
 }
 
@@ -48,12 +47,19 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
                           float *col, int64_t ld, int64_t r0, int64_t r1)
 {
     const int64_t h = s->h, w = s->w, kh = s->kh, kw = s->kw, sw = s->stride_w;
+    if (r0 >= r1) return;
+    /* the valid output rows of each kernel row i and columns of each kernel column j,
+     * once per call (a row of the column matrix of a 4x4 image is 16 floats: the
+     * divisions of mdl_conv_valid_range per row cost as much as the copy) */
+    int64_t oh_lo[kh], oh_hi[kh], ow_lo[kw], ow_hi[kw];
+    for (int64_t i = 0; i < kh; i++)
+        mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh_lo[i], &oh_hi[i]);
+    for (int64_t j = 0; j < kw; j++)
+        mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow_lo[j], &ow_hi[j]);
+    int64_t ci = r0 / (kh * kw), i = r0 / kw % kh, j = r0 % kw;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t ci = r / (kh * kw), i = r / kw % kh, j = r % kw;
         float *dst = col + r * ld;
-        int64_t oh0, oh1, ow0, ow1;
-        mdl_conv_valid_range(h, ho, s->stride_h, s->pad_h, i, &oh0, &oh1);
-        mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow0, &ow1);
+        const int64_t oh0 = oh_lo[i], oh1 = oh_hi[i], ow0 = ow_lo[j], ow1 = ow_hi[j];
         zero_row(dst, oh0 * wo);
         for (int64_t oh = oh0; oh < oh1; oh++) {
             float *d = dst + oh * wo;
@@ -71,6 +77,10 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
             zero_row(d + ow1, wo - ow1);
         }
         zero_row(dst + oh1 * wo, (ho - oh1) * wo);
+        if (++j == kw) {
+            j = 0;
+            if (++i == kh) i = 0, ci++;
+        }
     }
 }
 
@@ -81,8 +91,7 @@ static inline void copy_row(float *d, const float *src, int64_t n)
     int64_t k = 0;
     for (; k + 8 <= n; k += 8) _mm256_storeu_ps(d + k, _mm256_loadu_ps(src + k));
     if (k < n) {
-        const __m256i m = mdl_lane_mask(0, n - k);
-        _mm256_maskstore_ps(d + k, m, _mm256_maskload_ps(src + k, m));
+        mdl_store_first8(d + k, _mm256_maskload_ps(src + k, mdl_lane_mask(0, n - k)), n - k);
     }
 }
 
@@ -127,13 +136,6 @@ void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl
     for (int64_t ch = 0; ch < c; ch++) mdl_affine_row8(x + ch * hw, hw, mdl_affine_at(in, ch), tx + ch * hw);
 }
 
-/* The elements [0, count) of v (count clamped to [0, 8]) at d */
-static inline void store_first(float *d, __m256 v, int64_t count)
-{
-    if (count >= 8) _mm256_storeu_ps(d, v);
-    else if (count > 0) _mm256_maskstore_ps(d, mdl_lane_mask(0, count), v);
-}
-
 /* Stride 2: an input row's even and odd columns, 16 at a time, straight into the rows
  * of the planes that hold them (plane q's column c is input column 2c + q - pad_w:
  * the even columns go to plane pad_w % 2 from column pad_w / 2, the odd ones to the
@@ -164,11 +166,11 @@ split_row2(float *d, int64_t plane, int64_t nq, int64_t cols, const float *src, 
         const int64_t c = j / 2, left = w - j; /* input columns left from j */
         if (de) {
             const int64_t n = (left + 1) / 2 < ne_max - c ? (left + 1) / 2 : ne_max - c;
-            store_first(de + c, mdl_even_lanes(a, b), n);
+            mdl_store_first8(de + c, mdl_even_lanes(a, b), n < 0 ? 0 : n);
         }
         if (dodd) {
             const int64_t n = left / 2 < no_max - c ? left / 2 : no_max - c;
-            store_first(dodd + c, mdl_odd_lanes(a, b), n);
+            mdl_store_first8(dodd + c, mdl_odd_lanes(a, b), n < 0 ? 0 : n);
         }
     }
 }
@@ -248,8 +250,8 @@ static inline void add_row(float *dst, const float *src, int64_t count)
                          _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
     if (i < count) {
         __m256i m = mdl_lane_mask(0, count - i);
-        _mm256_maskstore_ps(dst + i, m, _mm256_add_ps(_mm256_maskload_ps(dst + i, m),
-                                                      _mm256_maskload_ps(src + i, m)));
+        mdl_store_first8(dst + i, _mm256_add_ps(_mm256_maskload_ps(dst + i, m),
+                                                _mm256_maskload_ps(src + i, m)), count - i);
     }
 }
 

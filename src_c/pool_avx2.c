@@ -477,7 +477,6 @@ ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float 
     }
     const int64_t wfull = w & ~(int64_t)7;
     const __m256i wtail = first_lanes(w - wfull);
-    const __m256i otail = first_lanes(wo & 7);
     float *urow = u + g->pw;
     for (int64_t oh = 0; oh < g->ho; oh++) {
         int64_t hs, he, hspan;
@@ -494,7 +493,7 @@ ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float 
             __m256 acc = _mm256_maskload_ps(col, wtail);
             for (int64_t ih = hs + 1; ih < he; ih++)
                 acc = _mm256_add_ps(acc, _mm256_maskload_ps(col += w, wtail));
-            _mm256_maskstore_ps(urow + j, wtail, acc);
+            mdl_store_first8(urow + j, acc, w - j);
         }
         const __m256 vh = _mm256_set1_ps((float)hspan);
         float *yrow = y + oh * wo;
@@ -505,7 +504,7 @@ ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float 
                 sum = _mm256_add_ps(sum, load_strided(base + kx, mode, offs));
             __m256 v = _mm256_div_ps(sum, _mm256_mul_ps(vh, _mm256_loadu_ps(wdiv + o)));
             if (o + 8 <= wo) _mm256_storeu_ps(yrow + o, v);
-            else _mm256_maskstore_ps(yrow + o, otail, v);
+            else mdl_store_first8(yrow + o, v, wo - o);
         }
     }
 }

@@ -22,6 +22,29 @@ static inline void mdl_affine_row8(const float *src, int64_t n, mdl_affine_ch g,
     for (; j < n; j++) d[j] = mdl_affine_apply(src[j], g);
 }
 
+/* d[0, count) = the first count lanes of v (count in [0, 8]), without vmaskmovps: AMD's
+ * Zen cores take it microcoded, about a dozen cycles per store, which dominated the
+ * column matrices of 4x4 images (16-float rows, a masked store per 4 floats) */
+static inline void mdl_store_first8(float *d, __m256 v, int64_t count)
+{
+    if (count >= 8) {
+        _mm256_storeu_ps(d, v);
+        return;
+    }
+    __m128 q = _mm256_castps256_ps128(v);
+    if (count & 4) {
+        _mm_storeu_ps(d, q);
+        d += 4;
+        q = _mm256_extractf128_ps(v, 1);
+    }
+    if (count & 2) {
+        _mm_storel_pi((__m64 *)d, q);
+        d += 2;
+        q = _mm_movehl_ps(q, q);
+    }
+    if (count & 1) _mm_store_ss(d, q);
+}
+
 /* lanes l of 0..7 with lo <= l < hi, as a mask for maskload / maskstore */
 static inline __m256i mdl_lane_mask(int64_t lo, int64_t hi)
 {

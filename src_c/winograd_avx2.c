@@ -150,7 +150,7 @@ static inline void store_tiles(float *dst, int64_t left, __m256 v)
     if (left >= 8)
         _mm256_storeu_ps(dst, v);
     else
-        _mm256_maskstore_ps(dst, mdl_lane_mask(0, left), v);
+        mdl_store_first8(dst, v, left);
 }
 
 static inline __m256 load_tiles(const float *src, int64_t left)
@@ -259,7 +259,7 @@ output_transform(const int R, const mdl_conv2d_shape *s, const wino_geom *g, int
                         } else {
                             const __m256i mk = mdl_lane_mask(0, cols);
                             o = _mm256_and_ps(o, _mm256_castsi256_ps(mk));
-                            _mm256_maskstore_ps(yr + 8 * q, mk, o);
+                            mdl_store_first8(yr + 8 * q, o, cols);
                         }
                         if (ep && ep->row_sum) {
                             __m256d l = _mm256_cvtps_pd(_mm256_castps256_ps128(o));
