@@ -120,7 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed (profiled) steps per run")
     p.add_argument("--simd", default="avx512", help="minidl's SIMD level (MINIDL_SIMD)")
     p.add_argument("--torch-python", default=default_torch_python(),
-                   help="a Python with torch (default: $TORCH_PYTHON, else this one if it has torch)")
+                   help="a Python with torch (default: $TORCH_PYTHON, else this one if it "
+                        "has torch)")
     p.add_argument("--json", help="write the rounds, the medians and machine info here")
     p.add_argument("--markdown", metavar="JSON", help="print the tables of a saved run and exit")
     args = p.parse_args(argv)

@@ -442,9 +442,9 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
             if (j < hw) {
                 __m256 xb = _mm256_maskload_ps(p + j, tail), d = _mm256_sub_ps(xb, vm);
                 mdl_store_first8(q + j,
-                                    _mm256_fmadd_ps(gate(on, _mm256_maskload_ps(g + j, tail), xb,
-                                                         vs, vt),
-                                                    va, _mm256_fmadd_ps(d, vb, vc)), hw - j);
+                                 _mm256_fmadd_ps(gate(on, _mm256_maskload_ps(g + j, tail), xb,
+                                                      vs, vt),
+                                                 va, _mm256_fmadd_ps(d, vb, vc)), hw - j);
             }
         }
     }
@@ -537,7 +537,7 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
             if (j < hw) {
                 const __m256 e = E(_mm256_maskload_ps(ps + j, tail), _mm256_maskload_ps(pb + j, tail));
                 mdl_store_first8(q + j, _mm256_fmadd_ps(_mm256_maskload_ps(pg + j, tail), va,
-                                                                 _mm256_fmadd_ps(e, vb, vk)), hw - j);
+                                                        _mm256_fmadd_ps(e, vb, vk)), hw - j);
             }
         }
 #undef E

@@ -1031,7 +1031,8 @@ static void add_image_sums(int64_t n, int64_t c_out, const double *sums, double 
     }
 }
 
-/* The scalar path's epilogue: max(y, 0) and the channel sums in float64. */
+/* The scalar and dense paths' epilogue: max(y, 0) (NaN passes, as in the SIMD kernels)
+ * and the channel sums in float64. */
 static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, double *channel_sum,
                             double *channel_sumsq, float *y)
 {
@@ -1040,7 +1041,7 @@ static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, doub
         for (int64_t b = 0; b < s->n; b++) {
             float *yp = y + (b * s->c_out + c) * P;
             for (int64_t p = 0; p < P; p++) {
-                if (relu && !(yp[p] > 0.0f)) yp[p] = 0.0f;
+                if (relu && yp[p] < 0.0f) yp[p] = 0.0f;
                 a += yp[p];
                 q += (double)yp[p] * yp[p];
             }

@@ -166,11 +166,11 @@ split_row2(float *d, int64_t plane, int64_t nq, int64_t cols, const float *src, 
         const int64_t c = j / 2, left = w - j; /* input columns left from j */
         if (de) {
             const int64_t n = (left + 1) / 2 < ne_max - c ? (left + 1) / 2 : ne_max - c;
-            mdl_store_first8(de + c, mdl_even_lanes(a, b), n < 0 ? 0 : n);
+            mdl_store_first8(de + c, mdl_even_lanes(a, b), n);
         }
         if (dodd) {
             const int64_t n = left / 2 < no_max - c ? left / 2 : no_max - c;
-            mdl_store_first8(dodd + c, mdl_odd_lanes(a, b), n < 0 ? 0 : n);
+            mdl_store_first8(dodd + c, mdl_odd_lanes(a, b), n);
         }
     }
 }

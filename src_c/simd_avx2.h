@@ -22,7 +22,7 @@ static inline void mdl_affine_row8(const float *src, int64_t n, mdl_affine_ch g,
     for (; j < n; j++) d[j] = mdl_affine_apply(src[j], g);
 }
 
-/* d[0, count) = the first count lanes of v (count in [0, 8]), without vmaskmovps: AMD's
+/* d[0, count) = the first count lanes of v (count clamped to [0, 8]), without vmaskmovps: AMD's
  * Zen cores take it microcoded, about a dozen cycles per store, which dominated the
  * column matrices of 4x4 images (16-float rows, a masked store per 4 floats) */
 static inline void mdl_store_first8(float *d, __m256 v, int64_t count)
@@ -31,6 +31,7 @@ static inline void mdl_store_first8(float *d, __m256 v, int64_t count)
         _mm256_storeu_ps(d, v);
         return;
     }
+    if (count <= 0) return;
     __m128 q = _mm256_castps256_ps128(v);
     if (count & 4) {
         _mm_storeu_ps(d, q);
