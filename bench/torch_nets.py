@@ -12,6 +12,7 @@ of its own).  Images/s come from the median of per-step times after warm-up,
 on random data.  PyTorch is needed by this script only, never by minidl.
 """
 import argparse
+import collections
 import json
 import resource
 import statistics
@@ -119,6 +120,29 @@ class CifarResNet(nn.Module):
         return self.fc(x)
 
 
+class VGG11BN(nn.Sequential):
+    """minidl's vgg11_bn (models/vgg.py): eight 3x3 convolutions without bias, each
+    followed by BatchNorm and ReLU, 2x2 max pools after the 1st, 2nd, 4th, 6th and 8th,
+    then one fully connected layer; modules named as minidl names its layers."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES):
+        layers, c_in, conv, pool = [], 3, 0, 0
+        for v in [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]:
+            if v == "M":
+                pool += 1
+                layers.append((f"pool{pool}", nn.MaxPool2d(2, 2)))
+                continue
+            conv += 1
+            layers += [(f"conv{conv}", nn.Conv2d(c_in, v, 3, padding=1, bias=False)),
+                       (f"bn{conv}", nn.BatchNorm2d(v)), (f"relu{conv}", nn.ReLU())]
+            c_in = v
+        layers += [("flatten", nn.Flatten()), ("fc", nn.Linear(c_in, num_classes))]
+        super().__init__(collections.OrderedDict(layers))
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+
 def cifar10_quick(num_classes: int = NUM_CLASSES) -> Cifar10Quick:
     return Cifar10Quick(num_classes)
 
@@ -138,6 +162,7 @@ MODELS = {
     "resnet32": lambda num_classes=NUM_CLASSES: resnet(32, num_classes),
     "resnet56": lambda num_classes=NUM_CLASSES: resnet(56, num_classes),
     "resnet110": lambda num_classes=NUM_CLASSES: resnet(110, num_classes),
+    "vgg11_bn": VGG11BN,
 }
 
 
