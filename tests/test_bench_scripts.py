@@ -207,3 +207,8 @@ def test_torch_layer_times_names_every_layer():
     assert [row["name"] for row in q["layers"]] == [
         "conv1", "pool1", "relu1", "conv2", "relu2", "pool2", "conv3", "relu3", "pool3",
         "flatten1", "ip1", "ip2"]
+    # vgg11_bn's modules are named as minidl's layers
+    from minidl import models
+    v = torch_nets.torch_layer_times("vgg11_bn", batch_size=2, steps=1, threads=1, warmup=0)
+    assert [row["name"] for row in v["layers"]] == [
+        name for name, _, _ in models.spec("vgg11_bn")["layers"]]
