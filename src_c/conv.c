@@ -53,10 +53,14 @@
  * multiplications it saves; its F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
-/* MDL_CONV_AUTO: winograd_avx512.c and winograd8_avx2.c up to c_in * c_out = 128 * 128:
- * beyond, the transformed weights (36 c_in c_out floats, 2.25 MiB here) no longer stay
- * in the cache, and 512 channels at 4x4 ran at 0.2-0.5x of the GEMM (bench/NOTES.md) */
-#define WINOGRAD_CHANNELS_MAX_CC (128 * 128)
+/* MDL_CONV_AUTO: winograd_avx512.c and winograd8_avx2.c up to c_in * c_out = 128 * 256
+ * for the forward and the data gradient and 128 * 128 for the weight gradient: beyond,
+ * the transformed weights (36 c_in c_out floats, 4.5 MiB at 128 * 256) no longer stay
+ * in the cache, and 512 channels at 4x4 ran at 0.2-0.5x of the GEMM, 256 at 8x8 at
+ * 0.5-1.2x; the weight gradient's partial dU (double) already at 128 * 256 0.8x
+ * (bench/NOTES.md) */
+#define WINOGRAD_CHANNELS_MAX_CC (128 * 256)
+#define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -223,18 +227,19 @@ static int dense_path(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
  * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512
  * vectors (winograd_avx512.c) or, at the AVX2 level, in AVX2 vectors (winograd8_avx2.c);
- * the channel ones are taken before the other where the CPU and the shape allow it */
+ * the channel ones are taken before the other where the CPU and the shape allow it.
+ * grad: for the weight gradient (its own channel limit). */
 enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8 };
-static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
+static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
 {
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
-    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) &&
-        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_CHANNELS_MAX_CC))
-        return WINO_CHANNELS;
-    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s) &&
-        (a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= WINOGRAD_CHANNELS_MAX_CC))
+    const int cc = a == MDL_CONV_WINOGRAD ||
+                   s->c_in * s->c_out <= (grad ? WINOGRAD_CHANNELS_GRAD_MAX_CC
+                                               : WINOGRAD_CHANNELS_MAX_CC);
+    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) && cc) return WINO_CHANNELS;
+    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s) && cc)
         return WINO_CHANNELS8;
     return mdl_winograd_applies(s) &&
                    (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&
@@ -242,7 +247,7 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo)
                ? WINO_TILES
                : GEMM;
 #else
-    (void)s, (void)wo;
+    (void)s, (void)wo, (void)grad;
     return 0;
 #endif
 }
@@ -948,7 +953,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P * igroup));
     const size_t stride = g->per_thread / sizeof(float);
     const int64_t wp = phases_of(s).cols;
-    const int wino = use_winograd(s, g->wo);
+    const int wino = use_winograd(s, g->wo, 1);
     if (wino == WINO_CHANNELS || wino == WINO_CHANNELS8) {
         weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt, wino == WINO_CHANNELS);
         return;
@@ -1218,7 +1223,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     /* the per-image channel sums (n, 2, c_out), then the packed weights */
     double *sums = (double *)ws;
     float *pa = ws + SUMS_FLOATS(s);
-    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo);
+    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo, 0);
     pack_weights(s, &g, wino, w, pa);
     per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, pool ? &pl : NULL, 0.0f,
               y, ws, avail,
@@ -1404,7 +1409,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
             for (int64_t ci = 0; ci < s->c_in; ci++)
                 for (int64_t q = 0; q < kk; q++)
                     wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
-        int wino = use_winograd(&t, s->w);
+        int wino = use_winograd(&t, s->w, 0);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
         per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail,

@@ -142,6 +142,7 @@ WINOGRAD = [
     (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
+    (2, 128, 8, 8, 256, 3, 3, 1, 1),          # by default F(4x4) forward and dx, GEMM dw
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
     (1, 16, 9, 2, 16, 3, 3, 1, (2, 1)),       # 8 rows per transposition and a last one alone
