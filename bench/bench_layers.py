@@ -47,19 +47,17 @@ def keyed(layers: list) -> dict:
 def summarise(rounds: list) -> list:
     """Rows in minidl's layer order (then PyTorch's extra layers): name, kind and, per
     variant, the median forward and backward ms over the rounds (None where absent)."""
-    order, names = [], {}
+    runs = {v: [keyed(r[v]["layers"]) for r in rounds] for v in VARIANTS}
+    names = {}  # in insertion order: minidl's layers first
     for variant in VARIANTS:
-        for r in rounds:
-            for key, layer in keyed(r[variant]["layers"]).items():
-                if key not in names:
-                    order.append(key)
-                    names[key] = (layer["name"], layer["kind"])
+        for run in runs[variant]:
+            for key, layer in run.items():
+                names.setdefault(key, (layer["name"], layer["kind"]))
     rows = []
-    for key in order:
-        row = {"name": names[key][0], "kind": names[key][1]}
+    for key, (name, kind) in names.items():
+        row = {"name": name, "kind": kind}
         for variant in VARIANTS:
-            got = [keyed(r[variant]["layers"]).get(key) for r in rounds]
-            got = [g for g in got if g is not None]
+            got = [run[key] for run in runs[variant] if key in run]
             row[variant] = {ph: statistics.median(g[f"{ph}_ms"] for g in got) if got else None
                             for ph in ("forward", "backward")}
         rows.append(row)

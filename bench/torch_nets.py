@@ -256,10 +256,10 @@ def torch_bench(model: str, batch_size: int, steps: int, threads: int,
 
 
 # The kinds of the ops a forward calls outside any leaf module (F.relu, +, ...), named
-# as minidl names their layers' kinds; "loss" is the criterion, not a layer.
+# as minidl names their layers' kinds (the loss is none of them: the step's rest)
 FUNCTIONAL_KINDS = {"aten::relu": "ReLU", "aten::relu_": "ReLU", "aten::add": "Add",
                     "aten::add_": "Add", "aten::adaptive_avg_pool2d": "GlobalAvgPool2d",
-                    "aten::flatten": "Flatten", "aten::cross_entropy_loss": "loss"}
+                    "aten::flatten": "Flatten"}
 
 
 def torch_layer_times(model: str, batch_size: int, steps: int, threads: int,
@@ -347,10 +347,9 @@ def torch_layer_times(model: str, batch_size: int, steps: int, threads: int,
         key = (id(rng), kind)
         ranks[key] = ranks.get(key, 0) + 1
         name = f"{path + '.' if path else ''}{kind.lower()}{ranks[key]}"
-        if kind != "loss":
-            layer(name, kind)["forward_ms"] += ev.cpu_time_total / 1e3
+        layer(name, kind)["forward_ms"] += ev.cpu_time_total / 1e3
         if ev.sequence_nr >= 0:
-            seq_owner[ev.sequence_nr] = name if kind != "loss" else None
+            seq_owner[ev.sequence_nr] = name
     for ev in events:
         if ev.name.startswith("autograd::engine::evaluate_function") and ev.cpu_parent is None:
             owner = seq_owner.get(ev.sequence_nr)
