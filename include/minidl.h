@@ -143,7 +143,10 @@ typedef struct mdl_conv2d_shape {
  * output pixel's window with fewer pixels than the kernel has taps (2x2 under 3x3
  * with padding 1), from 16 images on, take one SGEMM over the batch with the weights
  * spread into the dense matrix of the map from an image to its output (before
- * Winograd; also under MDL_CONV_GEMM).  MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
+ * Winograd; also under MDL_CONV_GEMM).  The GEMM of outputs of at most 64 pixels with
+ * stride 1, padding < kernel, from 16 images on a CPU with AVX-512, runs 16 images at
+ * a time over the taps inside the image only (forward and data gradient).
+ * MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
  * one (Winograd only where it applies).  The environment
  * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The
  * scalar reference kernels always convolve directly. */

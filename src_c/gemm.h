@@ -89,6 +89,12 @@ void mdl_sgemm_avx512_rows_pack_a(int64_t m, int64_t k, const float *a, int64_t 
 void mdl_sgemm_avx512_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
                                    int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                    float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
+/* The same over the rows sel[0..nsel) of K only (increasing; at least one), C
+ * overwritten, no epilogue: a convolution's output pixels whose windows miss the
+ * padding's taps skip them. */
+void mdl_sgemm_avx512_packed_image_sel(int64_t m, int64_t k, const float *pa, const float *b,
+                                       int64_t cols, int64_t ld, int64_t n, const int64_t *off,
+                                       const int32_t *sel, int64_t nsel, float *c, int64_t ldc);
 #else /* mdl_use_avx2() is never true off x86; these names only keep the dispatch compiling */
 #  define mdl_sgemm_avx2_workspace_floats(m, n, k) ((void)(m), (void)(n), (void)(k), (size_t)0)
 #  define mdl_sgemm_avx2(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws) \

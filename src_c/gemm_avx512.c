@@ -437,12 +437,12 @@ rows_epilogue(const mdl_epilogue *ep, int64_t row, __m512 v)
     }
 
 /* C (ROWS x 16 NV) = A panel @ the kc rows of B, vector v's at b + o[v] + off[p]
- * (+ beta * C), then ep */
+ * (+ beta * C), then ep; with SEL, over the kc rows sel[0..kc) of the block only */
 static inline __attribute__((always_inline)) void
-rows_kernel(const int ROWS, const int NV, const int CONTIGUOUS, int64_t kc,
+rows_kernel(const int ROWS, const int NV, const int CONTIGUOUS, const int SEL, int64_t kc,
             const float *restrict a, const float *restrict b, const int64_t *o,
-            const int64_t *restrict off, int64_t half, float *c, int64_t ldc, float beta,
-            const mdl_epilogue *ep, int64_t row0)
+            const int64_t *restrict off, const int32_t *restrict sel, int64_t half, float *c,
+            int64_t ldc, float beta, const mdl_epilogue *ep, int64_t row0)
 {
     __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c0_2 = c0_0, c1_0 = c0_0, c1_1 = c0_0;
     __m512 c1_2 = c0_0, c2_0 = c0_0, c2_1 = c0_0, c2_2 = c0_0, c3_0 = c0_0, c3_1 = c0_0;
@@ -452,8 +452,8 @@ rows_kernel(const int ROWS, const int NV, const int CONTIGUOUS, int64_t kc,
     const float *b0p = b + o[0], *b1p = b + o[NV > 1 ? 1 : 0], *b2p = b + o[NV > 2 ? 2 : 0];
     const int64_t h = CONTIGUOUS ? 8 : half;
 #pragma GCC unroll 2
-    for (int64_t p = 0; p < kc; p++) {
-        const int64_t q = off[p];
+    for (int64_t i = 0; i < kc; i++) {
+        const int64_t p = SEL ? sel[i] : i, q = off[p];
         const __m512 b0 = pixels16(b0p + q, h);
         __m512 b1 = b0, b2 = b0;
         if (NV > 1) b1 = pixels16(b1p + q, h);
@@ -465,12 +465,13 @@ rows_kernel(const int ROWS, const int NV, const int CONTIGUOUS, int64_t kc,
 }
 
 static void rows_tile(int rows, int nv, int64_t kc, const float *a, const float *b,
-                      const int64_t *o, const int64_t *off, int64_t half, float *c, int64_t ldc,
-                      float beta, const mdl_epilogue *ep, int64_t row0)
+                      const int64_t *o, const int64_t *off, const int32_t *sel, int64_t half,
+                      float *c, int64_t ldc, float beta, const mdl_epilogue *ep, int64_t row0)
 {
 #define ROWS_NV(R, V)                                                                     \
-    if (half == 8) rows_kernel(R, V, 1, kc, a, b, o, off, 8, c, ldc, beta, ep, row0);     \
-    else rows_kernel(R, V, 0, kc, a, b, o, off, half, c, ldc, beta, ep, row0);
+    if (sel) rows_kernel(R, V, 1, 1, kc, a, b, o, off, sel, 8, c, ldc, beta, ep, row0);   \
+    else if (half == 8) rows_kernel(R, V, 1, 0, kc, a, b, o, off, NULL, 8, c, ldc, beta, ep, row0); \
+    else rows_kernel(R, V, 0, 0, kc, a, b, o, off, NULL, half, c, ldc, beta, ep, row0);
 #define ROWS_CASE(R)                                                                      \
     case R:                                                                               \
         if (nv == 3) { ROWS_NV(R, 3) } else if (nv == 2) { ROWS_NV(R, 2) } else { ROWS_NV(R, 1) } \
@@ -484,27 +485,53 @@ static void rows_tile(int rows, int nv, int64_t kc, const float *a, const float 
 #undef ROWS_NV
 }
 
+/* The tiles of C (m x n) over K block pc's rows sel[0..kc) (local to the block; all
+ * of them when sel is NULL) */
+static void image_block(int64_t m, int64_t kb, const float *pa, const float *b, int64_t cols,
+                        int64_t ld, int64_t n, const int64_t *off, const int32_t *sel,
+                        int64_t kc, float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
+{
+    const int64_t half = cols == 8 ? ld : 8;
+    /* the 16-pixel panels in groups of RV or RV - 1 (4 panels: 2 + 2, not 3 + 1: a
+     * tile of one vector does a load per FMA) */
+    const int64_t np = ceil_div(n, 16), groups = ceil_div(np, RV);
+    for (int64_t i = 0; i < m; i += RR)
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int64_t q0 = np * gi / groups, nv = np * (gi + 1) / groups - q0;
+            int64_t o[RV];
+            for (int v = 0; v < nv; v++) o[v] = mdl_rows_panel(16 * (q0 + v), cols, ld);
+            rows_tile((int)min64(m - i, RR), (int)nv, kc, pa + i * kb, b, o, off, sel, half,
+                      c + i * ldc + 16 * q0, ldc, beta, ep, i);
+        }
+}
+
 void mdl_sgemm_avx512_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
                                    int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                    float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, RR);
-    const int64_t half = cols == 8 ? ld : 8;
-    /* the 16-pixel panels in groups of RV or RV - 1 (4 panels: 2 + 2, not 3 + 1: a
-     * tile of one vector does a load per FMA) */
-    const int64_t np = ceil_div(n, 16), groups = ceil_div(np, RV);
     for (int64_t pc = 0; pc < k; pc += kc) {
         const int64_t kb = min64(k - pc, kc);
-        const float beta_eff = pc == 0 ? beta : 1.0f;
-        const mdl_epilogue *last = pc + kb == k ? ep : NULL;
-        for (int64_t i = 0; i < m; i += RR)
-            for (int64_t gi = 0; gi < groups; gi++) {
-                const int64_t q0 = np * gi / groups, nv = np * (gi + 1) / groups - q0;
-                int64_t o[RV];
-                for (int v = 0; v < nv; v++) o[v] = mdl_rows_panel(16 * (q0 + v), cols, ld);
-                rows_tile((int)min64(m - i, RR), (int)nv, kb, pa + pc * mp + i * kb, b, o,
-                          off + pc, half, c + i * ldc + 16 * q0, ldc, beta_eff, last, i);
-            }
+        image_block(m, kb, pa + pc * mp, b, cols, ld, n, off + pc, NULL, kb, pc == 0 ? beta : 1.0f,
+                    c, ldc, pc + kb == k ? ep : NULL);
+    }
+}
+
+void mdl_sgemm_avx512_packed_image_sel(int64_t m, int64_t k, const float *pa, const float *b,
+                                       int64_t cols, int64_t ld, int64_t n, const int64_t *off,
+                                       const int32_t *sel, int64_t nsel, float *c, int64_t ldc)
+{
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, RR);
+    int32_t local[KC_MAX];
+    int first = 1;
+    for (int64_t pc = 0, e = 0; pc < k; pc += kc) {
+        const int64_t kb = min64(k - pc, kc);
+        int64_t cnt = 0;
+        for (; e < nsel && sel[e] < pc + kb; e++) local[cnt++] = (int32_t)(sel[e] - pc);
+        if (!cnt) continue;
+        image_block(m, kb, pa + pc * mp, b, cols, ld, n, off + pc, local, cnt,
+                    first ? 0.0f : 1.0f, c, ldc, NULL);
+        first = 0;
     }
 }
 

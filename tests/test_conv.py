@@ -69,6 +69,13 @@ CASES = [
     # small images on the im2col path go in groups side by side (im2col_group)
     (5, 24, 2, 2, 20, 3, 3, 1, 1),            # 2x2, as VGG's last layers: 8 to a group
     (9, 16, 4, 4, 8, 3, 3, 1, 1),             # 4x4: 2 to a group, one left over
+    # small images, stride 1, from 16 images (AVX-512): 16 images at a time with the batch
+    # innermost, output pixels in classes by the taps inside the image (batched_path)
+    (16, 17, 4, 4, 19, 3, 3, 1, 1),           # 4x4 under 3x3: corners, edges, middle
+    (18, 13, 5, 7, 23, 3, 3, 1, 1),           # a second unit of 2 images
+    (16, 11, 6, 5, 9, 5, 5, 1, 2),            # 5x5: five classes of rows, four of columns
+    (16, 9, 4, 6, 18, 3, 5, 1, (0, 2)),       # no padding in one direction
+    (16, 24, 7, 7, 25, 2, 2, 1, 1),           # even kernel: 8x8 outputs
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
@@ -80,6 +87,7 @@ BIG = [
     (2, 48, 32, 32, 13, 3, 3, 1, 1),          # rows in place: K in two blocks, 8 + 5 channels
     (32, 16, 2, 2, 24, 3, 3, 1, 1),           # dense weights, the SGEMMs threaded
     (11, 256, 4, 4, 128, 3, 3, 1, 1),         # a large dw: groups of 8 images for its products
+    (33, 36, 4, 4, 44, 3, 3, 1, 1),           # batched: three units over the threads
 ]
 
 
@@ -382,6 +390,7 @@ POOLED = [
     ((2, 5, 16, 16, 6, 3, 3, 2, 1), "max", 3, 1, 1, False, False, False),  # strided, in place
     ((5, 8, 4, 4, 12, 3, 3, 1, 1), "max", 2, 2, 0, False, True, True),     # images in groups
     ((16, 8, 2, 2, 6, 3, 3, 1, 1), "max", 2, 2, 0, False, True, False),    # VGG's last: dense
+    ((17, 20, 4, 4, 18, 3, 3, 1, 1), "max", 2, 2, 0, False, True, False),  # batched, 2 units
 ]
 
 
