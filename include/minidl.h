@@ -145,7 +145,9 @@ typedef struct mdl_conv2d_shape {
  * spread into the dense matrix of the map from an image to its output (before
  * Winograd; also under MDL_CONV_GEMM).  The GEMM of outputs of at most 64 pixels with
  * stride 1, padding < kernel, from 16 images on a CPU with AVX-512, runs 16 images at
- * a time over the taps inside the image only (forward and data gradient).
+ * a time over the taps inside the image only (forward and data gradient); with
+ * outputs of at most 16 pixels the weight gradient goes by taps, one SGEMM per tap
+ * over the batch, on either SIMD level.
  * MDL_CONV_GEMM and MDL_CONV_WINOGRAD choose
  * one (Winograd only where it applies).  The environment
  * variable MINIDL_CONV (auto | gemm | winograd) sets the starting value.  The

@@ -33,7 +33,8 @@
  *    dy[b] @ col(x[b])^T over its images into its own partial dw (with rows a
  *    multiple of 8 wide, as dot products over the phase planes; by Winograd where
  *    the forward takes winograd_avx512.c or winograd8_avx2.c); the partials are added
- *    in thread order.
+ *    in thread order.  Outputs of at most 16 pixels on the batched path's shapes go
+ *    by taps instead (batch_weights): one SGEMM per tap over the whole batch.
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -241,11 +242,53 @@ static int dense_path(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 #define BATCH_IMAGES 16
 #define BATCH_MAX_P 64
 #define BATCH_MIN_WEIGHTS (16 * 16 * 9)
+/* the weight gradient by taps (batch_weights) for outputs of at most 16 pixels: at 8x8
+ * its SGEMMs are one row of the output (7 or 8 pixels) long and 0.88-1.09x */
+#define BATCH_W_MAX_P 16
 static int batched_path(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     return s->stride_h == 1 && s->stride_w == 1 && s->pad_h < s->kh && s->pad_w < s->kw &&
            (s->kh > 1 || s->kw > 1) && ho * wo <= BATCH_MAX_P && s->n >= BATCH_IMAGES &&
            s->c_out * s->c_in * s->kh * s->kw >= BATCH_MIN_WEIGHTS;
+}
+
+/* The output pixels whose window holds tap (i, j) inside the image (stride 1):
+ * rows [r[0], r[1]) x columns [r[2], r[3]); returns whether they and the input pixels
+ * under the tap are whole rows (one run of columns in the batch planes) */
+static int tap_rect(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t i, int64_t j,
+                    int64_t r[4])
+{
+    r[0] = s->pad_h > i ? s->pad_h - i : 0;
+    r[1] = s->h + s->pad_h - i < ho ? s->h + s->pad_h - i : ho;
+    r[2] = s->pad_w > j ? s->pad_w - j : 0;
+    r[3] = s->w + s->pad_w - j < wo ? s->w + s->pad_w - j : wo;
+    return r[3] - r[2] == wo && wo == s->w;
+}
+
+/* Images per chunk of the weight gradient by taps, and its workspace: the chunk's x and
+ * dy with the batch innermost, the tap-major dw (kh kw, c_out, c_in), and the largest of
+ * its SGEMMs' workspaces */
+static int64_t batch_w_images(const mdl_conv2d_shape *s, int64_t P)
+{
+    const int64_t per = s->c_in * s->h * s->w + s->c_out * P, nb = CHUNK_FLOATS / per;
+    return nb < 1 ? 1 : nb > s->n ? s->n : nb;
+}
+static size_t batch_w_bytes(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    const int64_t nb = batch_w_images(s, ho * wo);
+    size_t gemm = 0;
+    int64_t r[4];
+    /* a whole chunk's SGEMMs and the last, shorter one's (the size is not monotonic) */
+    for (int64_t c = nb, pass = 0; pass < 2; pass++, c = s->n % nb ? s->n % nb : nb)
+        for (int64_t i = 0; i < s->kh; i++)
+            for (int64_t j = 0; j < s->kw; j++) {
+                const int whole = tap_rect(s, ho, wo, i, j, r);
+                const int64_t len = (whole ? (r[1] - r[0]) * wo : r[3] - r[2]) * c;
+                if (r[0] < r[1] && r[2] < r[3])
+                    gemm = max_size(gemm, mdl_sgemm_workspace_size(s->c_out, s->c_in, len));
+            }
+    return (FLOATS(s->c_in * s->h * s->w * nb) + FLOATS(s->c_out * ho * wo * nb) +
+            FLOATS(s->c_out * s->c_in * s->kh * s->kw)) * sizeof(float) + gemm;
 }
 
 /* its buffers per thread where the CPU could take it: a unit's planes and output,
@@ -304,6 +347,7 @@ typedef struct conv_geom {
     size_t per_thread;   /* bytes of the per-image path for each thread */
     int dense;           /* tiny images: one SGEMM with the dense weights (dense_path) */
     size_t dense_bytes;  /* its workspace */
+    size_t batch_w_bytes; /* the weight gradient by taps' workspace (batch_weights), or 0 */
     size_t pool_floats;  /* the pooled forward's buffer for a call's outputs, the thread's last */
     size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
@@ -453,6 +497,9 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
         g->chunk = max_size(g->chunk, g->dense_bytes);
         g->dense = mdl_get_conv_algo() != MDL_CONV_WINOGRAD;
     }
+    g->batch_w_bytes = batched_path(s, g->ho, g->wo) && g->P <= BATCH_W_MAX_P
+                           ? batch_w_bytes(s, g->ho, g->wo) : 0;
+    g->chunk = max_size(g->chunk, g->batch_w_bytes);
     /* the per-image path, shared: forward: the channel sums, the packed weights (for
      * the GEMM or for Winograd) and the panel table; backward-data: the flipped
      * weights, then the same for the shape t */
@@ -826,22 +873,21 @@ static void batch_offsets(const mdl_conv2d_shape *s, int64_t *off)
     }
 }
 
-/* xb (c_in, h, w, BATCH_IMAGES) = the count images of x read through the map in, the
- * unit's missing images zero */
-static void batch_planes(const mdl_conv2d_shape *s, const float *x, int64_t count,
-                         const mdl_affine *in, float *xb)
+/* xb (c, hw, width) = the count images (count, c, hw) of x read through the map in,
+ * the images from count to width zero; channels [c0, c1) */
+static void batch_planes(int64_t c, int64_t hw, const float *x, int64_t count, int64_t width,
+                         const mdl_affine *in, int64_t c0, int64_t c1, float *xb)
 {
-    const int64_t hw = s->h * s->w;
-    for (int64_t c = 0; c < s->c_in; c++) {
-        const mdl_affine_ch f = mdl_affine_at(in, c);
-        float *d = xb + c * hw * BATCH_IMAGES;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const mdl_affine_ch f = mdl_affine_at(in, ch);
+        float *d = xb + ch * hw * width;
         for (int64_t q = 0; q < count; q++) {
-            const float *src = x + (q * s->c_in + c) * hw;
+            const float *src = x + (q * c + ch) * hw;
             for (int64_t p = 0; p < hw; p++)
-                d[p * BATCH_IMAGES + q] = in ? mdl_affine_apply(src[p], f) : src[p];
+                d[p * width + q] = in ? mdl_affine_apply(src[p], f) : src[p];
         }
         for (int64_t p = 0; p < hw; p++)
-            for (int64_t q = count; q < BATCH_IMAGES; q++) d[p * BATCH_IMAGES + q] = 0.0f;
+            for (int64_t q = count; q < width; q++) d[p * width + q] = 0.0f;
     }
 }
 
@@ -988,7 +1034,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 float *ob = col + FLOATS(s->c_in * s->h * s->w * BATCH_IMAGES);
                 int32_t *sel = (int32_t *)(ob + FLOATS(c_out * P * BATCH_IMAGES));
                 int64_t colpos[BATCH_MAX_P];
-                batch_planes(s, x + b * s->c_in * s->h * s->w, count, in, col);
+                batch_planes(s->c_in, s->h * s->w, x + b * s->c_in * s->h * s->w, count,
+                             BATCH_IMAGES, in, 0, s->c_in, col);
                 batch_unit(s, g, pa, off, col, sel, ob, colpos);
                 for (int64_t q = 0; q < count; q++) {
                     batch_spread(c_out, P, colpos, ob + q, bias, relu, beta, OUT2(b, q));
@@ -1332,6 +1379,64 @@ static mdl_status dense_backward_weights(const mdl_conv2d_shape *s, const conv_g
     return MDL_OK;
 }
 
+/* dw on the batched path's shapes, by taps: for each chunk of images, x (through its
+ * map) and dy with the batch innermost; tap (i, j)'s gradient is dy's columns of the
+ * output pixels whose window holds the tap inside the image @ x's columns under it,
+ * transposed: one SGEMM (c_out x c_in, K = pixels x images) per run of columns (the
+ * rectangle's rows, or all of it when it spans whole rows), added up in the tap-major
+ * dwt, then moved into dw.  No padding is multiplied, and each SGEMM has a long K. */
+static mdl_status batch_weights(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                                const mdl_affine *in, const float *dy, float *dw, int accumulate,
+                                float *ws)
+{
+    const int64_t hw = s->h * s->w, P = g->P, kk = s->kh * s->kw, cc = s->c_out * s->c_in;
+    const int64_t nbw = batch_w_images(s, P);
+    float *xb = ws, *dyb = xb + FLOATS(s->c_in * hw * nbw), *dwt = dyb + FLOATS(s->c_out * P * nbw);
+    float *gws = dwt + FLOATS(cc * kk);
+    const size_t gbytes = g->batch_w_bytes - (size_t)(gws - ws) * sizeof(float);
+    const int nt = mdl_threads_for((double)(s->c_in * hw + s->c_out * P) * nbw);
+    mdl_status st = MDL_OK;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
+        const int64_t nb = s->n - b < nbw ? s->n - b : nbw;
+#pragma omp parallel num_threads(nt)
+        {
+            int t, T;
+            MDL_THREAD_ID(t, T);
+            batch_planes(s->c_in, hw, x + b * s->c_in * hw, nb, nb, in, s->c_in * t / T,
+                         s->c_in * (t + 1) / T, xb);
+            batch_planes(s->c_out, P, dy + b * s->c_out * P, nb, nb, NULL, s->c_out * t / T,
+                         s->c_out * (t + 1) / T, dyb);
+        }
+        for (int64_t i = 0; i < s->kh && st == MDL_OK; i++)
+            for (int64_t j = 0; j < s->kw && st == MDL_OK; j++) {
+                int64_t r[4];
+                const int whole = tap_rect(s, g->ho, g->wo, i, j, r);
+                float *c = dwt + (i * s->kw + j) * cc;
+                if (r[0] >= r[1] || r[2] >= r[3]) { /* no output's window holds the tap */
+                    if (b == 0) memset(c, 0, (size_t)cc * sizeof(float));
+                    continue;
+                }
+                const int64_t runs = whole ? 1 : r[1] - r[0];
+                const int64_t len = (whole ? (r[1] - r[0]) * g->wo : r[3] - r[2]) * nb;
+                for (int64_t y = r[0]; y < r[0] + runs && st == MDL_OK; y++)
+                    st = mdl_sgemm(0, 1, s->c_out, s->c_in, len, 1.0f,
+                                   dyb + (y * g->wo + r[2]) * nb, P * nb,
+                                   xb + ((y + i - s->pad_h) * s->w + r[2] + j - s->pad_w) * nb,
+                                   hw * nb, b == 0 && y == r[0] ? 0.0f : 1.0f, c, s->c_in, gws,
+                                   gbytes);
+            }
+    }
+    if (st != MDL_OK) return st;
+#pragma omp parallel for schedule(static) num_threads(mdl_threads_for((double)cc * kk))
+    for (int64_t co = 0; co < s->c_out; co++)
+        for (int64_t ci = 0; ci < s->c_in; ci++) {
+            float *d = dw + (co * s->c_in + ci) * kk;
+            for (int64_t q = 0; q < kk; q++)
+                d[q] = (accumulate ? d[q] : 0.0f) + dwt[q * cc + co * s->c_in + ci];
+        }
+    return MDL_OK;
+}
+
 /* ---- public entry points ------------------------------------------------------------ */
 
 /* y (n, c_out, ho, wo) = conv(in(x) (n, c_in, h, w), w (c_out, c_in, kh, kw)) + bias (c_out
@@ -1634,6 +1739,8 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
     }
     if (g.dense)
         st = dense_backward_weights(s, &g, x, in, dy, dw, accumulate, ws);
+    else if (g.batch_w_bytes && use_winograd(s, g.wo, 1) == GEMM)
+        st = batch_weights(s, &g, x, in, dy, dw, accumulate, ws);
     else
         weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail,
                           mdl_threads_for((double)s->n * s->c_out * g.K * g.P));

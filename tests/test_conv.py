@@ -76,6 +76,7 @@ CASES = [
     (16, 11, 6, 5, 9, 5, 5, 1, 2),            # 5x5: five classes of rows, four of columns
     (16, 9, 4, 6, 18, 3, 5, 1, (0, 2)),       # no padding in one direction
     (16, 24, 7, 7, 25, 2, 2, 1, 1),           # even kernel: 8x8 outputs
+    (16, 48, 2, 8, 12, 4, 1, 1, (1, 0)),      # kernel rows that no output holds inside
 ]
 BIG = [
     (1, 16, 20, 20, 32, 3, 3, 1, 1),
@@ -88,6 +89,7 @@ BIG = [
     (32, 16, 2, 2, 24, 3, 3, 1, 1),           # dense weights, the SGEMMs threaded
     (11, 256, 4, 4, 128, 3, 3, 1, 1),         # a large dw: groups of 8 images for its products
     (33, 36, 4, 4, 44, 3, 3, 1, 1),           # batched: three units over the threads
+    (17, 8180, 4, 4, 12, 3, 3, 1, 1),         # dw by taps in two chunks of images
 ]
 
 
@@ -278,9 +280,11 @@ def test_empty_batch(rng):
     assert dx.shape == x.shape and not dw.any() and not db.any()
 
 
-def test_nan_flows_to_the_output(simd, rng):
-    x, wt, b, kw = make(rng, (1, 3, 8, 8, 4, 3, 3, 2, 1))
-    x[0, 1, 3, 4] = np.nan
+@pytest.mark.parametrize("case", [(1, 3, 8, 8, 4, 3, 3, 2, 1), (16, 17, 4, 4, 19, 3, 3, 1, 1)],
+                         ids=ids)
+def test_nan_flows_to_the_output(simd, rng, case):
+    x, wt, b, kw = make(rng, case)
+    x[0, 1, 3, 3] = np.nan
     y = ops.conv2d(x, wt, b, **kw)
     want = ref.conv2d(x, wt, b, **ref_kw(kw))
     np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
@@ -312,7 +316,9 @@ ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 image
              (2, 16, 32, 32, 24, 3, 3, 2, 1), (2, 16, 32, 31, 8, 1, 1, 2, 0),
              (2, 8, 16, 16, 8, 3, 3, 2, 1),
              # dense weights (2x2 images, 16 of them)
-             (16, 6, 2, 2, 7, 3, 3, 1, 1)]
+             (16, 6, 2, 2, 7, 3, 3, 1, 1),
+             # batched: dx through the unit's spread, dw by taps
+             (17, 17, 4, 4, 19, 3, 3, 1, 1)]
 
 
 @pytest.mark.parametrize("case", ACC_CASES, ids=ids)
@@ -479,6 +485,22 @@ def test_workspace(simd, rng):
     for call in calls:
         with pytest.raises(ValueError, match="workspace has .* bytes, needs"):
             call()
+
+
+def test_workspace_weights_by_taps(rng):
+    """The weight gradient by taps (4x4 outputs) in chunks of images whose last, shorter
+    chunk needs the larger SGEMM workspace: the reported size holds it."""
+    case = (4323, 20, 4, 4, 16, 3, 3, 1, 1)  # chunks of 3640 and 683 images
+    x, _, _, _ = make(rng, case)
+    dy = f32(rng, 4323, 16, 4, 4)
+    shape = c_shape(case)
+    ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+    dw, want = np.empty((16, 20, 3, 3), np.float32), np.empty((16, 20, 3, 3), np.float32)
+    _C.conv2d_backward_weights(shape, x.ravel(), dy.ravel(), dw.ravel(), False, ws)
+    _C.conv2d_backward_weights(shape, x.ravel(), dy.ravel(), want.ravel(), False)
+    np.testing.assert_array_equal(dw, want)
+    assert_close(dw, ref.conv2d_backward(x, np.zeros((16, 20, 3, 3), np.float32), dy,
+                                         stride=(1, 1), padding=(1, 1))[1], "conv")
 
 
 # ---- bad input ---------------------------------------------------------------------
