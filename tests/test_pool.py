@@ -40,6 +40,11 @@ CASES = [
     (2, 3, 8, 8, (3, 3), (2, 2), (0, 0), True),
     (1, 1, 3, 2100, (3, 3), (1, 1), (1, 1), False),  # rows too wide for the row buffer
     (1, 1, 3, 2100, (3, 3), (2, 2), (1, 1), True),
+    # windows that tile whole rows: planes stacked, 256 of 4x4 to a kernel call, the last
+    # stack shorter; a dropped column; a partial column window with padding in w only
+    (3, 200, 4, 4, (2, 2), (2, 2), (0, 0), False),
+    (3, 200, 4, 5, (2, 2), (2, 2), (0, 0), False),
+    (2, 100, 6, 7, (3, 2), (3, 2), (0, 1), True),
 ]
 
 
@@ -195,15 +200,19 @@ def test_max_pool_taps(simd, rng, case):
     _check_taps(x, _small_ints(rng, *ops.max_pool2d(x, k, **_kw(case)).shape), case)
 
 
-def test_max_pool_taps_through_a_map(simd, rng):
+@pytest.mark.parametrize("case", [CASES[6], CASES[-3]], ids=_case_id)
+def test_max_pool_taps_through_a_map(simd, rng, case):
     """With a map (BatchNorm's scale and shift, then ReLU) the maxima and taps of the
-    mapped input, and its gradient, as the recomputing fused kernels give them."""
-    case = CASES[6]
+    mapped input, and its gradient, as the recomputing fused kernels give them (planes
+    stacked: each read through its own channel's map)."""
     n, c, h, w, k, s, p, ceil = case
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     m = dict(x_scale=rng.standard_normal(c).astype(np.float32),
              x_shift=rng.standard_normal(c).astype(np.float32), x_relu=True)
     y, tap = ops.max_pool2d_argmax(x, k, **_kw(case), **m)
+    a = np.maximum(x * m["x_scale"][:, None, None].astype(np.float64) +
+                   m["x_shift"][:, None, None], 0)
+    np.testing.assert_allclose(y, ref.max_pool2d(a, k, s, p, ceil), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(y, ops.max_pool2d(x, k, **_kw(case), **m))
     dy = _small_ints(rng, *y.shape)
     np.testing.assert_array_equal(ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **_kw(case)),
