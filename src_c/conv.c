@@ -57,12 +57,17 @@
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
 /* MDL_CONV_AUTO: winograd_avx512.c and winograd8_avx2.c up to c_in * c_out = 128 * 256
- * for the forward and the data gradient and 128 * 128 for the weight gradient: beyond,
- * the transformed weights (36 c_in c_out floats, 4.5 MiB at 128 * 256) no longer stay
- * in the cache, and 512 channels at 4x4 ran at 0.2-0.5x of the GEMM, 256 at 8x8 at
- * 0.5-1.2x; the weight gradient's partial dU (double) already at 128 * 256 0.8x
+ * for the forward and the data gradient, 256 * 256 for them with outputs at least
+ * WINOGRAD_WIDE_MIN_WO wide, and 128 * 128 for the weight gradient: beyond, the
+ * transformed weights (36 c_in c_out floats, 9 MiB at 256 * 256) no longer stay in the
+ * cache, and against the batched GEMM (batched_path) 512 -> 512 at 4x4 ran at 0.24x,
+ * 256 -> 512 at 4x4 0.8x, 256 -> 256 at 4x4 0.8-1.4x, while 256 -> 256, 128 -> 512 and
+ * 512 -> 128 at 8x8 ran at 1.5-2.0x, and 256 -> 256 at 16x16 at 1.15-1.25x against the
+ * in-place GEMM; the weight gradient's partial dU (double) already at 128 * 256 0.8x
  * (bench/NOTES.md) */
 #define WINOGRAD_CHANNELS_MAX_CC (128 * 256)
+#define WINOGRAD_CHANNELS_WIDE_MAX_CC (256 * 256)
+#define WINOGRAD_WIDE_MIN_WO 8
 #define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
@@ -315,9 +320,10 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
-    const int cc = a == MDL_CONV_WINOGRAD ||
-                   s->c_in * s->c_out <= (grad ? WINOGRAD_CHANNELS_GRAD_MAX_CC
-                                               : WINOGRAD_CHANNELS_MAX_CC);
+    const int64_t max_cc = grad                           ? WINOGRAD_CHANNELS_GRAD_MAX_CC
+                           : wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC
+                                                        : WINOGRAD_CHANNELS_MAX_CC;
+    const int cc = a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= max_cc;
     if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) && cc) return WINO_CHANNELS;
     if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s) && cc)
         return WINO_CHANNELS8;

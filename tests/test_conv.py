@@ -153,6 +153,7 @@ WINOGRAD = [
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
     (2, 128, 8, 8, 256, 3, 3, 1, 1),          # by default F(4x4) forward and dx, GEMM dw
+    (2, 256, 8, 8, 256, 3, 3, 1, 1),          # the same from 8 wide up to 256 x 256
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
     (1, 16, 9, 2, 16, 3, 3, 1, (2, 1)),       # 8 rows per transposition and a last one alone
