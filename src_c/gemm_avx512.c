@@ -470,7 +470,8 @@ static void rows_tile(int rows, int nv, int64_t kc, const float *a, const float 
 {
 #define ROWS_NV(R, V)                                                                     \
     if (sel) rows_kernel(R, V, 1, 1, kc, a, b, o, off, sel, 8, c, ldc, beta, ep, row0);   \
-    else if (half == 8) rows_kernel(R, V, 1, 0, kc, a, b, o, off, NULL, 8, c, ldc, beta, ep, row0); \
+    else if (half == 8)                                                                   \
+        rows_kernel(R, V, 1, 0, kc, a, b, o, off, NULL, 8, c, ldc, beta, ep, row0);       \
     else rows_kernel(R, V, 0, 0, kc, a, b, o, off, NULL, half, c, ldc, beta, ep, row0);
 #define ROWS_CASE(R)                                                                      \
     case R:                                                                               \
@@ -512,8 +513,8 @@ void mdl_sgemm_avx512_packed_image(int64_t m, int64_t k, const float *pa, const 
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, RR);
     for (int64_t pc = 0; pc < k; pc += kc) {
         const int64_t kb = min64(k - pc, kc);
-        image_block(m, kb, pa + pc * mp, b, cols, ld, n, off + pc, NULL, kb, pc == 0 ? beta : 1.0f,
-                    c, ldc, pc + kb == k ? ep : NULL);
+        image_block(m, kb, pa + pc * mp, b, cols, ld, n, off + pc, NULL, kb,
+                    pc == 0 ? beta : 1.0f, c, ldc, pc + kb == k ? ep : NULL);
     }
 }
 

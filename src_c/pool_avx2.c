@@ -210,8 +210,135 @@ ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, c
     }
 }
 
+/* ---- 2x2 windows that tile a plane of rows narrower than 8 outputs ---------------- */
+
+/* A plane tiled by 2x2 windows with stride 2 (no padding, no partial window) with 1, 2
+ * or 4 outputs per row: any 8 consecutive outputs from a multiple of 8 read the 32
+ * consecutive floats from 4 times that, which lane shuffles split into the windows'
+ * four positions (tiled2_positions); the narrow rows otherwise take the scalar loop */
+static int tiled2(const mdl_pool_geom *g)
+{
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+           g->h == 2 * g->ho && g->w == 2 * g->wo && (g->wo == 1 || g->wo == 2 || g->wo == 4);
+}
+
+/* the 64-bit halves: A0 A2 B0 B2 and A1 A3 B1 B3 */
+ALWAYS_INLINE __m256 even64(__m256 a, __m256 b)
+{
+    const __m256d t = _mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(t, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+ALWAYS_INLINE __m256 odd64(__m256 a, __m256 b)
+{
+    const __m256d t = _mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(t, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+/* the inverses: (x, y) with mdl_even_lanes(x, y) == a, mdl_odd_lanes(x, y) == b (EL
+ * 32-bit lanes), or even64 and odd64 (64-bit) */
+ALWAYS_INLINE void interleave(const int EL, __m256 a, __m256 b, __m256 *x, __m256 *y)
+{
+    __m256 lo, hi;
+    if (EL == 32) {
+        lo = _mm256_unpacklo_ps(a, b);
+        hi = _mm256_unpackhi_ps(a, b);
+    } else {
+        lo = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)));
+        hi = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)));
+    }
+    *x = _mm256_permute2f128_ps(lo, hi, 0x20);
+    *y = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+
+/* q[k]: position k (row-major in the window) of 8 outputs' windows, from the 32 floats
+ * at p (wo 4: two row pairs; 2: four; 1: eight) */
+ALWAYS_INLINE void tiled2_positions(const float *p, int64_t wo, __m256 q[4])
+{
+    const __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + 8);
+    const __m256 a2 = _mm256_loadu_ps(p + 16), a3 = _mm256_loadu_ps(p + 24);
+    if (wo == 4) {
+        q[0] = mdl_even_lanes(a0, a2), q[1] = mdl_odd_lanes(a0, a2);
+        q[2] = mdl_even_lanes(a1, a3), q[3] = mdl_odd_lanes(a1, a3);
+        return;
+    }
+    const __m256 e = mdl_even_lanes(a0, a1), e2 = mdl_even_lanes(a2, a3);
+    const __m256 o = mdl_odd_lanes(a0, a1), o2 = mdl_odd_lanes(a2, a3);
+    if (wo == 2) {
+        q[0] = even64(e, e2), q[1] = even64(o, o2), q[2] = odd64(e, e2), q[3] = odd64(o, o2);
+    } else {
+        q[0] = mdl_even_lanes(e, e2), q[1] = mdl_even_lanes(o, o2);
+        q[2] = mdl_odd_lanes(e, e2), q[3] = mdl_odd_lanes(o, o2);
+    }
+}
+
+/* the inverse: the 32 floats at p from the positions q */
+ALWAYS_INLINE void tiled2_store(float *p, int64_t wo, const __m256 q[4])
+{
+    __m256 a0, a1, a2, a3;
+    if (wo == 4) {
+        interleave(32, q[0], q[1], &a0, &a2);
+        interleave(32, q[2], q[3], &a1, &a3);
+    } else {
+        __m256 e, e2, o, o2;
+        interleave(wo == 2 ? 64 : 32, q[0], q[2], &e, &e2);
+        interleave(wo == 2 ? 64 : 32, q[1], q[3], &o, &o2);
+        interleave(32, e, o, &a0, &a1);
+        interleave(32, e2, o2, &a2, &a3);
+    }
+    _mm256_storeu_ps(p, a0);
+    _mm256_storeu_ps(p + 8, a1);
+    _mm256_storeu_ps(p + 16, a2);
+    _mm256_storeu_ps(p + 24, a3);
+}
+
+/* The maxima of 8 windows in the reference's order and rule, and which position won */
+ALWAYS_INLINE __m256 tiled2_max(const __m256 q[4], __m256i *won)
+{
+    __m256 m = q[0];
+    __m256i at = _mm256_setzero_si256();
+    for (int k = 1; k < 4; k++) {
+        const __m256 take = max_take(q[k], m);
+        m = _mm256_blendv_ps(m, q[k], take);
+        at = _mm256_blendv_epi8(at, _mm256_set1_epi32(k), _mm256_castps_si256(take));
+    }
+    *won = at;
+    return m;
+}
+
+/* Forward (dy NULL: y = the maxima) or backward (dx = dy at each maximum, 0 elsewhere)
+ * of a tiled2 plane; the last outputs past a multiple of 8 by the scalar loop, whole
+ * rows (8 is a multiple of wo) */
+static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy, float *out)
+{
+    const int64_t wo = g->wo, n = g->ho * wo, whole = n / 8 * 8;
+    for (int64_t t = 0; t < whole; t += 8) {
+        __m256 q[4];
+        __m256i won;
+        tiled2_positions(x + 4 * t, wo, q);
+        const __m256 m = tiled2_max(q, &won);
+        if (!dy) {
+            _mm256_storeu_ps(out + t, m);
+            continue;
+        }
+        const __m256 d = _mm256_loadu_ps(dy + t);
+        for (int k = 0; k < 4; k++) /* 0 + dy as the reference's accumulation (-0 -> +0) */
+            q[k] = _mm256_add_ps(_mm256_setzero_ps(),
+                                 _mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                                                      won, _mm256_set1_epi32(k)))));
+        tiled2_store(out + 4 * t, wo, q);
+    }
+    if (dy) memset(out + 4 * whole, 0, (size_t)(4 * (n - whole)) * sizeof(float));
+    for (int64_t oh = whole / wo; oh < g->ho; oh++) {
+        if (dy) mdl_max_pool_back_cols_scalar(g, x, dy, out, oh, 0, wo);
+        else mdl_max_pool_cols_scalar(g, x, out, oh, 0, wo);
+    }
+}
+
 void mdl_max_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
 {
+    if (tiled2(g)) {
+        tiled2_plane(g, x, NULL, y);
+        return;
+    }
     switch (load_mode(g->sw)) {
     case LOAD_S1: max_plane(g, x, y, LOAD_S1); break;
     case LOAD_S2: max_plane(g, x, y, LOAD_S2); break;
@@ -307,6 +434,10 @@ ALWAYS_INLINE void max_back_plane(const mdl_pool_geom *g, const float *x, const 
 void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const float *dy,
                                   float *dx)
 {
+    if (tiled2(g)) {
+        tiled2_plane(g, x, dy, dx);
+        return;
+    }
     switch (load_mode(g->sw)) {
     case LOAD_S1: max_back_plane(g, x, dy, dx, LOAD_S1); break;
     case LOAD_S2: max_back_plane(g, x, dy, dx, LOAD_S2); break;
