@@ -257,17 +257,21 @@ static int batched_path(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
            s->c_out * s->c_in * s->kh * s->kw >= BATCH_MIN_WEIGHTS;
 }
 
-/* The output pixels whose window holds tap (i, j) inside the image (stride 1):
- * rows [r[0], r[1]) x columns [r[2], r[3]); returns whether they and the input pixels
- * under the tap are whole rows (one run of columns in the batch planes) */
-static int tap_rect(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t i, int64_t j,
-                    int64_t r[4])
+/* The output pixels whose window holds tap (i, j) inside the image (stride 1): rows
+ * [r[0], r[1]) x columns [r[2], r[3]), in *runs runs of contiguous columns in the batch
+ * planes (one when they and the input pixels under the tap are whole rows, else one
+ * per row); returns the pixels of a run (0: no output holds the tap) */
+static int64_t tap_rect(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t i, int64_t j,
+                        int64_t r[4], int64_t *runs)
 {
     r[0] = s->pad_h > i ? s->pad_h - i : 0;
     r[1] = s->h + s->pad_h - i < ho ? s->h + s->pad_h - i : ho;
     r[2] = s->pad_w > j ? s->pad_w - j : 0;
     r[3] = s->w + s->pad_w - j < wo ? s->w + s->pad_w - j : wo;
-    return r[3] - r[2] == wo && wo == s->w;
+    if (r[0] >= r[1] || r[2] >= r[3]) return *runs = 0;
+    const int whole = r[3] - r[2] == wo && wo == s->w;
+    *runs = whole ? 1 : r[1] - r[0];
+    return whole ? (r[1] - r[0]) * wo : r[3] - r[2];
 }
 
 /* Images per chunk of the weight gradient by taps, and its workspace: the chunk's x and
@@ -282,15 +286,13 @@ static size_t batch_w_bytes(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     const int64_t nb = batch_w_images(s, ho * wo);
     size_t gemm = 0;
-    int64_t r[4];
+    int64_t r[4], runs;
     /* a whole chunk's SGEMMs and the last, shorter one's (the size is not monotonic) */
     for (int64_t c = nb, pass = 0; pass < 2; pass++, c = s->n % nb ? s->n % nb : nb)
         for (int64_t i = 0; i < s->kh; i++)
             for (int64_t j = 0; j < s->kw; j++) {
-                const int whole = tap_rect(s, ho, wo, i, j, r);
-                const int64_t len = (whole ? (r[1] - r[0]) * wo : r[3] - r[2]) * c;
-                if (r[0] < r[1] && r[2] < r[3])
-                    gemm = max_size(gemm, mdl_sgemm_workspace_size(s->c_out, s->c_in, len));
+                const int64_t len = tap_rect(s, ho, wo, i, j, r, &runs) * c;
+                if (len) gemm = max_size(gemm, mdl_sgemm_workspace_size(s->c_out, s->c_in, len));
             }
     return (FLOATS(s->c_in * s->h * s->w * nb) + FLOATS(s->c_out * ho * wo * nb) +
             FLOATS(s->c_out * s->c_in * s->kh * s->kw)) * sizeof(float) + gemm;
@@ -1415,15 +1417,13 @@ static mdl_status batch_weights(const mdl_conv2d_shape *s, const conv_geom *g, c
         }
         for (int64_t i = 0; i < s->kh && st == MDL_OK; i++)
             for (int64_t j = 0; j < s->kw && st == MDL_OK; j++) {
-                int64_t r[4];
-                const int whole = tap_rect(s, g->ho, g->wo, i, j, r);
+                int64_t r[4], runs;
+                const int64_t len = tap_rect(s, g->ho, g->wo, i, j, r, &runs) * nb;
                 float *c = dwt + (i * s->kw + j) * cc;
-                if (r[0] >= r[1] || r[2] >= r[3]) { /* no output's window holds the tap */
+                if (!len) { /* no output's window holds the tap */
                     if (b == 0) memset(c, 0, (size_t)cc * sizeof(float));
                     continue;
                 }
-                const int64_t runs = whole ? 1 : r[1] - r[0];
-                const int64_t len = (whole ? (r[1] - r[0]) * g->wo : r[3] - r[2]) * nb;
                 for (int64_t y = r[0]; y < r[0] + runs && st == MDL_OK; y++)
                     st = mdl_sgemm(0, 1, s->c_out, s->c_in, len, 1.0f,
                                    dyb + (y * g->wo + r[2]) * nb, P * nb,
