@@ -135,10 +135,12 @@ typedef struct mdl_conv2d_shape {
 
 /* The algorithm of the SIMD convolutions.  MDL_CONV_AUTO (the default) uses
  * Winograd where it was measured to pay and an implicit GEMM elsewhere: on a CPU
- * with AVX-512, F(4x4, 3x3) and F(2x2, 5x5) for stride 1, padding < kernel, input
- * and output channels multiples of 16 with c_in * c_out <= 128 * 256 (forward and
- * data gradient, 256 * 256 for outputs at least 8 wide; the weight gradient up to
- * 128 * 128); otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
+ * with AVX-512 (AVX2: 8 instead of 16), F(4x4, 3x3) and F(2x2, 5x5) for stride 1,
+ * padding < kernel, input and output channels multiples of 16, summing over the
+ * channels in registers up to c_in * c_out = 128 * 256 (forward and data gradient,
+ * 256 * 256 for outputs at least 8 wide; the weight gradient, over the tiles, up to
+ * 128 * 128) and beyond by one SGEMM per transform point over the tiles of a chunk of
+ * images; otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
  * least 64 input and output channels and outputs at least 16 wide (forward, and
  * backward_data through the equivalent forward of dy).  Images that lie inside every
  * output pixel's window with fewer pixels than the kernel has taps (2x2 under 3x3

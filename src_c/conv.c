@@ -34,7 +34,10 @@
  *    multiple of 8 wide, as dot products over the phase planes; by Winograd where
  *    the forward takes winograd_avx512.c or winograd8_avx2.c); the partials are added
  *    in thread order.  Outputs of at most 16 pixels on the batched path's shapes go
- *    by taps instead (batch_weights): one SGEMM per tap over the whole batch.
+ *    by taps instead (batch_weights): one SGEMM per tap over the whole batch.  With
+ *    many channels, Winograd's sums over the input channels (forward, data gradient)
+ *    or over the tiles (weight gradient) are SGEMMs, one per transform point, over
+ *    the tiles of a chunk of images (winograd_sums, weights_winograd_sums).
  * Shapes below: K = c_in * kh * kw, P = h_out * w_out.
  * dx, dw and db are overwritten (accumulate 0) or added to (1). */
 #include <stdlib.h>
@@ -56,19 +59,23 @@
  * multiplications it saves; its F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
-/* MDL_CONV_AUTO: winograd_avx512.c and winograd8_avx2.c up to c_in * c_out = 128 * 256
- * for the forward and the data gradient, 256 * 256 for them with outputs at least
+/* winograd_avx512.c and winograd8_avx2.c, which sum over the channels (or the weight
+ * gradient's tiles) in registers per chunk of a few tiles, up to c_in * c_out = 128 *
+ * 256 for the forward and the data gradient, 256 * 256 for them with outputs at least
  * WINOGRAD_WIDE_MIN_WO wide, and 128 * 128 for the weight gradient: beyond, the
- * transformed weights (36 c_in c_out floats, 9 MiB at 256 * 256) no longer stay in the
- * cache, and against the batched GEMM (batched_path) 512 -> 512 at 4x4 ran at 0.24x,
- * 256 -> 512 at 4x4 0.8x, 256 -> 256 at 4x4 0.8-1.4x, while 256 -> 256, 128 -> 512 and
- * 512 -> 128 at 8x8 ran at 1.5-2.0x, and 256 -> 256 at 16x16 at 1.15-1.25x against the
- * in-place GEMM; the weight gradient's partial dU (double) already at 128 * 256 0.8x
- * (bench/NOTES.md) */
+ * transformed weights (36 c_in c_out floats, 9 MiB at 256 * 256), or the threads'
+ * partial dU in double, no longer stay in the cache, and the same transforms go
+ * around one SGEMM per transform point over the tiles of up to WINO_SUMS_BYTES of V
+ * and M (winograd_sums, weights_winograd_sums).  Measured (bench/NOTES.md): the sums
+ * by SGEMMs against the batched GEMM at 4x4, 512 -> 512, 1.45-1.7x in all three
+ * directions; against the GEMM or the dot products, 256 -> 256 at 8x8 dw 2.8-3.0x; and
+ * against the register sums at 8x8, 256 -> 256 0.92-0.96x and 128 -> 256 0.6-0.8x (so
+ * the limits stay), at 16x16, 256 -> 256 1.06-1.15x; 128 x 128 dw 0.93x. */
 #define WINOGRAD_CHANNELS_MAX_CC (128 * 256)
 #define WINOGRAD_CHANNELS_WIDE_MAX_CC (256 * 256)
 #define WINOGRAD_WIDE_MIN_WO 8
 #define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
+#define WINO_SUMS_BYTES (16 << 20) /* 32 MiB measured 0-5% faster at 512 x 512 channels */
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -311,24 +318,76 @@ static size_t batch_thread(const mdl_conv2d_shape *s, int64_t K, int64_t ho, int
     return 0;
 }
 
+/* The channel Winograd's limit on c_in c_out: for the forward and the data gradient
+ * (wo: the output's width), or the weight gradient (grad).  Above it the sums over the
+ * input channels, or over the tiles, go to SGEMMs over the tiles of a chunk of images
+ * (winograd_sums, weights_winograd_sums).  Tiles per image (F(4x4, 3x3) or F(2x2,
+ * 5x5)), images per chunk (V and M, or dM, within WINO_SUMS_BYTES), and the shared
+ * workspace: the chunk's V and M (dM), the largest of the SGEMMs' workspaces, and for
+ * the weight gradient dU in float. */
+static int64_t channels_max_cc(int64_t wo, int grad)
+{
+    return grad ? WINOGRAD_CHANNELS_GRAD_MAX_CC
+           : wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC;
+}
+static int64_t wino_tiles(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    const int64_t m = s->kh == 3 ? 4 : 2;
+    return ((ho + m - 1) / m) * ((wo + m - 1) / m);
+}
+static int64_t wino_sums_images(const mdl_conv2d_shape *s, int64_t tiles)
+{
+    int64_t nb = WINO_SUMS_BYTES / (36 * tiles * (s->c_in + s->c_out) * (int64_t)sizeof(float));
+    if (nb < 1 || s->n < 1) return 1;
+    const int64_t chunks = (s->n + nb - 1) / nb;
+    return (s->n + chunks - 1) / chunks; /* chunks of equal size, but for the last */
+}
+static size_t wino_sums_bytes(const mdl_conv2d_shape *s, int64_t tiles, int grad)
+{
+    const int64_t nb = wino_sums_images(s, tiles);
+    size_t gemm = 0;
+    const int64_t last = (s->n % nb ? s->n % nb : nb) * tiles;
+    for (int64_t c = nb * tiles, pass = 0; pass < 2; pass++, c = last)
+        gemm = max_size(gemm, grad ? mdl_sgemm_workspace_size(s->c_in, s->c_out, c)
+                                   : mdl_sgemm_workspace_size(c, s->c_out, s->c_in));
+    return (FLOATS(36 * nb * tiles * s->c_in) + FLOATS(36 * nb * tiles * s->c_out) +
+            (grad ? FLOATS(36 * s->c_in * s->c_out) : 0)) * sizeof(float) + gemm;
+}
+
+/* The shared floats of the sums by SGEMMs for shape s with outputs ho x wo, forward or
+ * weight gradient (grad), where the CPU could take them (0 elsewhere); per: raised to
+ * each thread's floats */
+static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad,
+                             size_t *per)
+{
+#if MDL_X86
+    const int w8 = winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s);
+    const int w16 = winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s);
+    if ((w8 || w16) && s->c_in * s->c_out > channels_max_cc(wo, grad)) {
+        *per = max_size(*per, (w16 ? mdl_winograd_avx512_tiles_floats
+                                   : mdl_winograd8_tiles_floats)(s, ho, wo));
+        return wino_sums_bytes(s, wino_tiles(s, ho, wo), grad) / sizeof(float);
+    }
+#endif
+    (void)s, (void)ho, (void)wo, (void)grad, (void)per;
+    return 0;
+}
+
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
  * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512
  * vectors (winograd_avx512.c) or, at the AVX2 level, in AVX2 vectors (winograd8_avx2.c);
  * the channel ones are taken before the other where the CPU and the shape allow it.
  * grad: for the weight gradient (its own channel limit). */
-enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8 };
+enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8, WINO_SUMS, WINO_SUMS8 };
 static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
 {
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
-    const int64_t max_cc = grad                           ? WINOGRAD_CHANNELS_GRAD_MAX_CC
-                           : wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC
-                                                        : WINOGRAD_CHANNELS_MAX_CC;
-    const int cc = a == MDL_CONV_WINOGRAD || s->c_in * s->c_out <= max_cc;
-    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s) && cc) return WINO_CHANNELS;
-    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s) && cc)
-        return WINO_CHANNELS8;
+    const int sums = s->c_in * s->c_out > channels_max_cc(wo, grad);
+    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
+    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s))
+        return sums ? WINO_SUMS8 : WINO_CHANNELS8;
     return mdl_winograd_applies(s) &&
                    (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&
                                                s->c_out >= WINOGRAD_MIN_C && wo >= WINOGRAD_MIN_WO))
@@ -549,18 +608,22 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
                               FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, wgp)) +
                               FLOATS(mdl_sgemm_avx2_packed_b_floats(wgp)) +
                               (wgp > g->P ? FLOATS(s->c_out * wgp) : 0) + img);
+    /* or Winograd's partial dU and buffers; and with the sums by SGEMMs, the shared
+     * buffers after the fixed part and each thread's transposed image (and dy) */
+    fixed_f += wino_sums_need(s, g->ho, g->wo, 0, &per_f);
+    if (g->direct_data) fixed_d += wino_sums_need(&t, s->h, s->w, 0, &per_d);
+    const size_t fixed_w = wino_sums_need(s, g->ho, g->wo, 1, &per_w);
 #if MDL_X86
-    /* or Winograd's partial dU and buffers */
-    if (winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+    if (!fixed_w && winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
         per_w = max_size(per_w, mdl_winograd8_grad_thread_floats(s, g->ho, g->wo));
-    if (winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
+    if (!fixed_w && winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
 #endif
     if (g->phase_data) {
         fixed_d = data_phases_fixed(s, &dp);
         per_d = data_phases_thread(s, &dp);
     }
-    g->fixed = max_size(fixed_f, fixed_d) * sizeof(float);
+    g->fixed = max_size(max_size(fixed_f, fixed_d), fixed_w) * sizeof(float);
     g->per_thread = max_size(per_f, max_size(per_d, per_w)) * sizeof(float);
     g->pool_floats = 0;
     g->need = max_size(g->chunk, g->fixed + g->per_thread) + MDL_WS_SLACK;
@@ -856,9 +919,9 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
 static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino, const float *w,
                          float *pa)
 {
-    if (wino == WINO_CHANNELS)
+    if (wino == WINO_CHANNELS || wino == WINO_SUMS)
         mdl_winograd_avx512_weights(s, w, pa);
-    else if (wino == WINO_CHANNELS8)
+    else if (wino == WINO_CHANNELS8 || wino == WINO_SUMS8)
         mdl_winograd8_weights(s, w, pa);
     else if (wino)
         mdl_winograd_weights(s, w, pa);
@@ -1135,9 +1198,115 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
         /* the channel pairs in whole vectors of output channels */
         const int64_t vl = avx512 ? 16 : 8, units = pairs / vl;
         (avx512 ? mdl_winograd_avx512_grad_finish : mdl_winograd8_grad_finish)(
-            s, (const double *)ws, T, stride / 2, units * t / T * vl, units * (t + 1) / T * vl,
-            dw, accumulate);
+            s, (const double *)ws, T, stride / 2, NULL, units * t / T * vl,
+            units * (t + 1) / T * vl, dw, accumulate);
     }
+}
+
+/* Threads for the sums by SGEMMs: as many as the workspace holds after the fixed part */
+static int sums_threads(const conv_geom *g, size_t avail, int nt)
+{
+    const size_t fit = (avail - g->fixed) / g->per_thread;
+    return (size_t)nt > fit ? (fit ? (int)fit : 1) : nt < 1 ? 1 : nt;
+}
+
+/* V (and, with dy, dM) of images b .. b + nb - 1, a chunk starting at v and dm, each
+ * thread a share of the images with its scratch after the workspace's fixed part */
+static void sums_tiles(const mdl_conv2d_shape *s, const conv_geom *g, int64_t b, int64_t nb,
+                       const float *x, const mdl_affine *in, const float *dy, float *v,
+                       float *dm, float *ws, int nt, int avx512)
+{
+    const int64_t tiles = wino_tiles(s, g->ho, g->wo);
+    float *bufs = ws + g->fixed / sizeof(float);
+    const size_t stride = g->per_thread / sizeof(float);
+#pragma omp parallel num_threads(nt)
+    {
+        int t, T;
+        MDL_THREAD_ID(t, T);
+        const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
+        (avx512 ? mdl_winograd_avx512_tiles_v : mdl_winograd8_tiles_v)(
+            s, g->ho, g->wo, hi - lo, x + lo * s->c_in * s->h * s->w, in,
+            v + (lo - b) * tiles * 36 * s->c_in, bufs + t * stride);
+        if (dy)
+            (avx512 ? mdl_winograd_avx512_tiles_dm : mdl_winograd8_tiles_dm)(
+                s, g->ho, g->wo, hi - lo, dy + lo * s->c_out * g->P,
+                dm + (lo - b) * tiles * 36 * s->c_out, bufs + t * stride);
+    }
+}
+
+/* y by Winograd with the sums over the input channels as SGEMMs (many channels), per
+ * chunk of images: the threads write V of their share of its images, then M_xi (tiles,
+ * c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out), one SGEMM per transform point, then
+ * the threads apply the output transform and per_image's epilogue (no pooling).
+ * shared: the chunk's V and M and the SGEMMs' workspace; each thread's scratch follows
+ * the fixed part, per_thread bytes apart. */
+static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                                const mdl_affine *in, const float *u, float *shared,
+                                const float *bias, int relu, double *sums, float beta, float *y,
+                                float *ws, size_t avail, int nt, int avx512)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, P = g->P;
+    const int64_t tiles = wino_tiles(s, g->ho, g->wo), nbw = wino_sums_images(s, tiles);
+    float *v = shared, *m = v + FLOATS(36 * nbw * tiles * c_in);
+    float *gws = m + FLOATS(36 * nbw * tiles * c_out);
+    const size_t gbytes = wino_sums_bytes(s, tiles, 0) - (size_t)(gws - shared) * sizeof(float);
+    nt = sums_threads(g, avail, nt);
+    mdl_status st = MDL_OK;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
+        const int64_t nb = s->n - b < nbw ? s->n - b : nbw;
+        sums_tiles(s, g, b, nb, x, in, NULL, v, NULL, ws, nt, avx512);
+        for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
+            st = mdl_sgemm(0, 0, nb * tiles, c_out, c_in, 1.0f, v + xi * c_in, 36 * c_in,
+                           u + xi * c_in * c_out, c_out, 0.0f, m + xi * c_out, 36 * c_out, gws,
+                           gbytes);
+#pragma omp parallel num_threads(nt)
+        {
+            int t, T;
+            MDL_THREAD_ID(t, T);
+            const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
+            (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
+                s, g->ho, g->wo, hi - lo, m + (lo - b) * tiles * 36 * c_out, bias, relu,
+                sums ? sums + lo * 2 * c_out : NULL, beta != 0.0f, y + lo * c_out * P);
+        }
+    }
+    return st;
+}
+
+/* dw by Winograd with dU summed by SGEMMs (many channels), per chunk of images: the
+ * threads write V and dM of their share of its images, then dU_xi (c_in, c_out) = or +=
+ * V_xi^T @ dM_xi over the chunk's tiles, one SGEMM per transform point; at the end dw =
+ * G^T dU G per channel pair.  The shared buffers (V, dM, dU, the SGEMMs' workspace) at
+ * ws, each thread's scratch after the fixed part. */
+static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g,
+                                        const float *x, const mdl_affine *in, const float *dy,
+                                        float *dw, int accumulate, float *ws, size_t avail,
+                                        int nt, int avx512)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, cc = c_in * c_out;
+    const int64_t tiles = wino_tiles(s, g->ho, g->wo), nbw = wino_sums_images(s, tiles);
+    float *v = ws, *dm = v + FLOATS(36 * nbw * tiles * c_in);
+    float *du = dm + FLOATS(36 * nbw * tiles * c_out), *gws = du + FLOATS(36 * cc);
+    const size_t gbytes = wino_sums_bytes(s, tiles, 1) - (size_t)(gws - ws) * sizeof(float);
+    nt = sums_threads(g, avail, nt);
+    mdl_status st = MDL_OK;
+    for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
+        const int64_t nb = s->n - b < nbw ? s->n - b : nbw;
+        sums_tiles(s, g, b, nb, x, in, dy, v, dm, ws, nt, avx512);
+        for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
+            st = mdl_sgemm(1, 0, c_in, c_out, nb * tiles, 1.0f, v + xi * c_in, 36 * c_in,
+                           dm + xi * c_out, 36 * c_out, b ? 1.0f : 0.0f, du + xi * cc, c_out,
+                           gws, gbytes);
+    }
+    if (st != MDL_OK) return st;
+    const int64_t vl = avx512 ? 16 : 8, units = cc / vl;
+#pragma omp parallel num_threads(mdl_threads_for((double)cc * 36 * 8))
+    {
+        int t, T;
+        MDL_THREAD_ID(t, T);
+        (avx512 ? mdl_winograd_avx512_grad_finish : mdl_winograd8_grad_finish)(
+            s, NULL, 0, 0, du, units * t / T * vl, units * (t + 1) / T * vl, dw, accumulate);
+    }
+    return MDL_OK;
 }
 #endif
 
@@ -1490,14 +1659,23 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     /* the per-image channel sums (n, 2, c_out), then the packed weights */
     double *sums = (double *)ws;
     float *pa = ws + SUMS_FLOATS(s);
-    const int want_sums = channel_sum || channel_sumsq, wino = use_winograd(s, g.wo, 0);
+    const int want_sums = channel_sum || channel_sumsq;
+    int wino = use_winograd(s, g.wo, 0);
+    if (pool && (wino == WINO_SUMS || wino == WINO_SUMS8)) wino = GEMM;
     pack_weights(s, &g, wino, w, pa);
-    per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL, pool ? &pl : NULL, 0.0f,
-              y, ws, avail,
-              mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
-    if (want_sums) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
+    const int nt = mdl_threads_for((double)s->n * s->c_out * g.K * g.P);
+#if MDL_X86
+    if (wino == WINO_SUMS || wino == WINO_SUMS8)
+        st = winograd_sums(s, &g, x, in, pa, pa + weights_floats(s, g.K) + TABLE_FLOATS(g.K),
+                           bias, relu, want_sums ? sums : NULL, 0.0f, y, ws, avail, nt,
+                           wino == WINO_SUMS);
+    else
+#endif
+        per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL,
+                  pool ? &pl : NULL, 0.0f, y, ws, avail, nt);
+    if (want_sums && st == MDL_OK) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_free(owned);
-    return MDL_OK;
+    return st;
 }
 
 mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
@@ -1679,10 +1857,17 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         int wino = use_winograd(&t, s->w, 0);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
-        per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail,
-                  mdl_threads_for((double)s->n * s->c_in * Kt * gt.P));
+        const int nt = mdl_threads_for((double)s->n * s->c_in * Kt * gt.P);
+#if MDL_X86
+        if (wino == WINO_SUMS || wino == WINO_SUMS8)
+            st = winograd_sums(&t, &gt, dy, NULL, pa,
+                               pa + weights_floats(&t, Kt) + TABLE_FLOATS(Kt), NULL, 0, NULL,
+                               beta, dx, ws, avail, nt, wino == WINO_SUMS);
+        else
+#endif
+            per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail, nt);
         mdl_free(owned);
-        return MDL_OK;
+        return st;
     }
     if (g.phase_data) {
         backward_data_phases(s, &g, dy, w, dx, accumulate, ws, avail);
@@ -1743,9 +1928,16 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
         backward_weights_scalar(s, g.ho, g.wo, x, in, dy, dw, accumulate != 0);
         return MDL_OK;
     }
+    const int wino = use_winograd(s, g.wo, 1);
     if (g.dense)
         st = dense_backward_weights(s, &g, x, in, dy, dw, accumulate, ws);
-    else if (g.batch_w_bytes && use_winograd(s, g.wo, 1) == GEMM)
+#if MDL_X86
+    else if (wino == WINO_SUMS || wino == WINO_SUMS8)
+        st = weights_winograd_sums(s, &g, x, in, dy, dw, accumulate, ws, avail,
+                                   mdl_threads_for((double)s->n * s->c_out * g.K * g.P),
+                                   wino == WINO_SUMS);
+#endif
+    else if (g.batch_w_bytes && wino == GEMM)
         st = batch_weights(s, &g, x, in, dy, dw, accumulate, ws);
     else
         weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail,

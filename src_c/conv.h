@@ -88,9 +88,12 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * transformed gradient dU (36, c_in, c_out), in double, of `images` images x (read
  * through in) and dy (c_out, ho, wo) to its part `du` (zeroed by the caller), with
  * grad_thread_floats of scratch (du included, first); grad_finish sets or adds to dw
- * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart) for the
- * channel pairs ci * c_out + co in [lo, hi), lo and hi multiples of the channels to a
- * vector (16 or 8). */
+ * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart), plus
+ * the float dU `single` unless NULL, for the channel pairs ci * c_out + co in [lo, hi),
+ * lo and hi multiples of the channels to a vector (16 or 8).  For many channels, the
+ * steps around SGEMMs over all the tiles of `images` images (tile-major: rows of 36 c_in
+ * or 36 c_out floats): tiles_v writes V and tiles_dm dM (each with tiles_floats of
+ * scratch), tiles_y gives y from M with the epilogue of _images. */
 #define MDL_WINOGRAD_CHANNELS_DECLARE(P)                                                     \
     int P##_applies(const mdl_conv2d_shape *s);                                             \
     size_t P##_fixed_floats(const mdl_conv2d_shape *s);                                     \
@@ -104,8 +107,17 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
     void P##_grad_images(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images, \
                          const float *x, const mdl_affine *in, const float *dy, double *du, \
                          float *buf);                                                       \
+    size_t P##_tiles_floats(const mdl_conv2d_shape *s, int64_t ho, int64_t wo);             \
+    void P##_tiles_v(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,     \
+                     const float *x, const mdl_affine *in, float *v, float *buf);           \
+    void P##_tiles_dm(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,    \
+                      const float *dy, float *dm, float *buf);                              \
+    void P##_tiles_y(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,     \
+                     const float *m, const float *bias, int relu, double *sums,             \
+                     int accumulate, float *y);                                             \
     void P##_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,        \
-                         size_t part_stride, int64_t lo, int64_t hi, float *dw, int accumulate)
+                         size_t part_stride, const float *single, int64_t lo, int64_t hi,   \
+                         float *dw, int accumulate)
 MDL_WINOGRAD_CHANNELS_DECLARE(mdl_winograd_avx512);
 /* The same with 8 channels to a vector (winograd8_avx2.c, for CPUs without AVX-512):
  * c_in and c_out multiples of 8, the same contracts. */

@@ -415,13 +415,35 @@ static void input_tiles(int64_t c_in, const wino_geom *g, const float *xt, int64
     }
 }
 
+/* y (images, c_out, ho, wo) from M of the n tiles q0 .. q0 + n - 1 (image-major, tile q0
+ * at m), with output_tile's epilogue (sums: (images, 2, c_out)) */
+static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t wo, int64_t q0,
+                         int64_t n, const float *m, const float *bias, int relu, double *sums,
+                         int accumulate, float *y)
+{
+    const int64_t P = ho * wo;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t q = q0 + t, b = q / g->T, oh = q % g->T / g->tw * g->m;
+        const int64_t ow = q % g->tw * g->m;
+        const int64_t nr = ho - oh < g->m ? ho - oh : g->m, nc = wo - ow < g->m ? wo - ow : g->m;
+        float *yt = y + b * c_out * P + oh * wo + ow;
+        double *st = sums ? sums + b * 2 * c_out : NULL;
+        if (g->m == 4)
+            output_tile(4, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
+                        yt);
+        else
+            output_tile(2, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
+                        yt);
+    }
+}
+
 void WINO_NAME(images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
                                 int64_t images, const float *x, const mdl_affine *in,
                                 const float *bias, int relu, double *sums, int accumulate,
                                 float *y, float *buf)
 {
     const wino_geom g = geom(s, ho, wo, 0);
-    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
+    const int64_t c_in = s->c_in, c_out = s->c_out, total = images * g.T;
     float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(XI * g.chunk * c_in);
     transpose_images(s, &g, images, x, in, xt);
     if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
@@ -430,19 +452,17 @@ void WINO_NAME(images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const 
         const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
         input_tiles(c_in, &g, xt, q0, n, v);
         products(0, n, c_in, c_out, v, u, m, NULL);
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, oh = q % g.T / g.tw * g.m, ow = q % g.tw * g.m;
-            const int64_t nr = ho - oh < g.m ? ho - oh : g.m, nc = wo - ow < g.m ? wo - ow : g.m;
-            float *yt = y + b * c_out * P + oh * wo + ow;
-            double *st = sums ? sums + b * 2 * c_out : NULL;
-            if (g.m == 4)
-                output_tile(4, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
-                            yt);
-            else
-                output_tile(2, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
-                            yt);
-        }
+        output_tiles(c_out, &g, ho, wo, q0, n, m, bias, relu, sums, accumulate, y);
     }
+}
+
+void WINO_NAME(tiles_y)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
+                        const float *m, const float *bias, int relu, double *sums,
+                        int accumulate, float *y)
+{
+    const wino_geom g = geom(s, ho, wo, 0);
+    if (sums) memset(sums, 0, (size_t)(images * 2 * s->c_out) * sizeof(double));
+    output_tiles(s->c_out, &g, ho, wo, 0, images * g.T, m, bias, relu, sums, accumulate, y);
 }
 
 /* ---- the weight gradient ----------------------------------------------------------- */
@@ -535,9 +555,49 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
     }
 }
 
+/* For many channels the sums go to SGEMMs instead (conv.c), one per transform point,
+ * over the input channels (forward) or the tiles (weight gradient): V, M and dM of every
+ * tile of `images` images, tile-major as above (tile t of image b at row b T + t).
+ * tiles_v writes V of images x (read through in) and tiles_dm dM of their dy, each with
+ * tiles_floats of scratch; tiles_y applies the output transform and the epilogue of
+ * images (bias, relu, sums, accumulate) to M. */
+size_t WINO_NAME(tiles_floats)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
+{
+    const wino_geom g = geom(s, ho, wo, 1);
+    return FL(g.hp * g.wp * s->c_in) + FL(g.m * g.th * g.m * g.tw * s->c_out);
+}
+
+void WINO_NAME(tiles_v)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
+                        const float *x, const mdl_affine *in, float *v, float *buf)
+{
+    const wino_geom g = geom(s, ho, wo, 1);
+    for (int64_t b = 0; b < images; b++) {
+        transpose_images(s, &g, 1, x + b * s->c_in * s->h * s->w, in, buf);
+        input_tiles(s->c_in, &g, buf, 0, g.T, v + b * g.T * XI * s->c_in);
+    }
+}
+
+void WINO_NAME(tiles_dm)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
+                         const float *dy, float *dm, float *buf)
+{
+    const wino_geom g = geom(s, ho, wo, 1);
+    const int64_t c_out = s->c_out, rows = g.m * g.th, cols = g.m * g.tw;
+    for (int64_t b = 0; b < images; b++) {
+        transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * ho * wo, NULL, buf);
+        for (int64_t t = 0; t < g.T; t++) {
+            const float *d = buf + (t / g.tw * cols + t % g.tw) * g.m * c_out;
+            float *dmt = dm + (b * g.T + t) * XI * c_out;
+            if (g.m == 4)
+                grad_tile(4, c_out, cols, d, dmt);
+            else
+                grad_tile(2, c_out, cols, d, dmt);
+        }
+    }
+}
+
 void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int nparts,
-                                     size_t part_stride, int64_t lo, int64_t hi, float *dw,
-                                     int accumulate)
+                                     size_t part_stride, const float *single, int64_t lo,
+                                     int64_t hi, float *dw, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh, rr = r * r;
     const double (*G)[5] = r == 3 ? G3 : G5;
@@ -546,10 +606,10 @@ void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int 
         const int64_t ci = e / c_out, co = e % c_out;
         double du[XI][VL], t[6][5][VL]; /* dU summed over the parts, then dU G */
         for (int xi = 0; xi < XI; xi++) {
-            const double *src = parts + (xi * c_in + ci) * c_out + co;
-            for (int l = 0; l < VL; l++) du[xi][l] = 0.0;
+            const int64_t at = (xi * c_in + ci) * c_out + co;
+            for (int l = 0; l < VL; l++) du[xi][l] = single ? single[at + l] : 0.0;
             for (int p = 0; p < nparts; p++)
-                for (int l = 0; l < VL; l++) du[xi][l] += src[p * part_stride + l];
+                for (int l = 0; l < VL; l++) du[xi][l] += parts[at + p * part_stride + l];
         }
         for (int i = 0; i < 6; i++)
             for (int c = 0; c < r; c++) {

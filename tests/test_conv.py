@@ -6,6 +6,7 @@ import pytest
 import minidl
 from minidl import _C, ops
 
+from conftest import SIMD_LEVELS
 from helpers import assert_close, f32
 import reference as ref
 
@@ -154,6 +155,7 @@ WINOGRAD = [
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
     (2, 128, 8, 8, 256, 3, 3, 1, 1),          # by default F(4x4) forward and dx, GEMM dw
     (2, 256, 8, 8, 256, 3, 3, 1, 1),          # the same from 8 wide up to 256 x 256
+    (3, 192, 6, 5, 192, 3, 3, 1, 1),          # beyond: the sums by SGEMMs, every direction
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
     (1, 16, 9, 2, 16, 3, 3, 1, (2, 1)),       # 8 rows per transposition and a last one alone
@@ -502,6 +504,40 @@ def test_workspace_weights_by_taps(rng):
     np.testing.assert_array_equal(dw, want)
     assert_close(dw, ref.conv2d_backward(x, np.zeros((16, 20, 3, 3), np.float32), dy,
                                          stride=(1, 1), padding=(1, 1))[1], "conv")
+
+
+@pytest.fixture(scope="module")
+def sums_case():
+    """A weight gradient by Winograd with dU summed by SGEMMs (c_in c_out above 128 x 128):
+    V and dM of 196 tiles per image, in chunks of 2 images and a last one of 1."""
+    rng = np.random.default_rng(7)
+    case = (3, 128, 56, 56, 144, 3, 3, 1, 1)
+    x, _, _, _ = make(rng, case)
+    dy = f32(rng, 3, 144, 56, 56)
+    zero = np.zeros((144, 128, 3, 3), np.float32)
+    return case, x, dy, ref.conv2d_backward(x, zero, dy, stride=(1, 1), padding=(1, 1))[1]
+
+
+@pytest.mark.parametrize("level", [lv for lv in SIMD_LEVELS if lv != "scalar"])
+def test_weights_winograd_sums(level, threads, sums_case):
+    """Added to dw, with the reported workspace and with one thread's (the calls then
+    take fewer threads); the SIMD levels that have this path."""
+    case, x, dy, want = sums_case
+    shape = c_shape(case)
+    start = f32(np.random.default_rng(1), *want.shape)
+    full = -(-_C.conv2d_workspace_size(shape) // 4)
+    minidl.set_num_threads(1)
+    one = -(-_C.conv2d_workspace_size(shape) // 4)
+    minidl.set_num_threads(threads)
+    minidl.set_simd(level)
+    try:
+        for floats in (full, one):
+            dw = start.copy()
+            _C.conv2d_backward_weights(shape, x.ravel(), dy.ravel(), dw.ravel(), True,
+                                       np.empty(floats, np.float32))
+            assert_close(dw, want + start, "conv")
+    finally:
+        minidl.set_simd(minidl.cpu_simd())
 
 
 # ---- bad input ---------------------------------------------------------------------

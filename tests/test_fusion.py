@@ -67,6 +67,18 @@ def test_conv2d_fused(simd, threads, rng, case, kind):
     assert_close(db, rdb, "conv", "db")
 
 
+@pytest.mark.parametrize("kind", sorted(MAPS))
+def test_conv2d_fused_weights_by_winograd_sums(simd, threads, rng, kind):
+    """dw of the mapped input where Winograd's dU is summed by SGEMMs (c_in c_out above
+    128 x 128; the map applied as each image is transposed)."""
+    x, wt, _, kw = make(rng, (2, 128, 6, 5, 144, 3, 3, 1, 1))
+    scale, shift, a = mapped(rng, x, *MAPS[kind])
+    dy = f32(rng, 2, 144, 6, 5)
+    dw = ops.conv2d_backward(x, wt, dy, x_scale=scale, x_shift=shift, x_relu=MAPS[kind][1],
+                             need_dx=False, **kw)[1]
+    assert_close(dw, ref.conv2d_backward(a, wt, dy, **ref_kw(kw))[1], "conv")
+
+
 @pytest.fixture(params=["gemm", "winograd"])
 def conv_algo(request):
     minidl.set_conv_algo(request.param)
@@ -86,7 +98,8 @@ def test_conv2d_fused_each_algorithm(simd, conv_algo, rng, case):
     assert_close(dx, ref.conv2d_backward(x, wt, dy, **ref_kw(kw))[0] + other, "conv")
 
 
-@pytest.mark.parametrize("case", CASES + WINOGRAD[:2] + [(2, 9, 6, 7, 5, 3, 3, 1, (3, 0))],
+@pytest.mark.parametrize("case", CASES + WINOGRAD[:2] + [(2, 9, 6, 7, 5, 3, 3, 1, (3, 0)),
+                                                          (3, 192, 6, 5, 192, 3, 3, 1, 1)],
                          ids=ids)
 def test_conv2d_backward_adds_dx_to_a_gradient(simd, threads, rng, case):
     """dx added in the kernel's store to an existing gradient, on every path (in
