@@ -379,6 +379,7 @@ static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, 
  * the channel ones are taken before the other where the CPU and the shape allow it.
  * grad: for the weight gradient (its own channel limit). */
 enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8, WINO_SUMS, WINO_SUMS8 };
+static int wino_sums_algo(int wino) { return wino == WINO_SUMS || wino == WINO_SUMS8; }
 static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
 {
 #if MDL_X86
@@ -1234,6 +1235,22 @@ static void sums_tiles(const mdl_conv2d_shape *s, const conv_geom *g, int64_t b,
     }
 }
 
+/* The chunk's SGEMMs, one per transform point over its `rows` tiles: the forward's M_xi
+ * = V_xi @ U_xi (grad 0, b = U), or the weight gradient's dU_xi = V_xi^T @ dM_xi + beta
+ * dU_xi (b = dM); gws: the SGEMMs' workspace */
+static mdl_status sums_gemms(const mdl_conv2d_shape *s, int grad, int64_t rows, const float *v,
+                             const float *b, float *c, float beta, float *gws, size_t gbytes)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, cc = c_in * c_out;
+    mdl_status st = MDL_OK;
+    for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
+        st = grad ? mdl_sgemm(1, 0, c_in, c_out, rows, 1.0f, v + xi * c_in, 36 * c_in,
+                              b + xi * c_out, 36 * c_out, beta, c + xi * cc, c_out, gws, gbytes)
+                  : mdl_sgemm(0, 0, rows, c_out, c_in, 1.0f, v + xi * c_in, 36 * c_in,
+                              b + xi * cc, c_out, 0.0f, c + xi * c_out, 36 * c_out, gws, gbytes);
+    return st;
+}
+
 /* y by Winograd with the sums over the input channels as SGEMMs (many channels), per
  * chunk of images: the threads write V of their share of its images, then M_xi (tiles,
  * c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out), one SGEMM per transform point, then
@@ -1245,9 +1262,9 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
                                 const float *bias, int relu, double *sums, float beta, float *y,
                                 float *ws, size_t avail, int nt, int avx512)
 {
-    const int64_t c_in = s->c_in, c_out = s->c_out, P = g->P;
+    const int64_t c_out = s->c_out, P = g->P;
     const int64_t tiles = wino_tiles(s, g->ho, g->wo), nbw = wino_sums_images(s, tiles);
-    float *v = shared, *m = v + FLOATS(36 * nbw * tiles * c_in);
+    float *v = shared, *m = v + FLOATS(36 * nbw * tiles * s->c_in);
     float *gws = m + FLOATS(36 * nbw * tiles * c_out);
     const size_t gbytes = wino_sums_bytes(s, tiles, 0) - (size_t)(gws - shared) * sizeof(float);
     nt = sums_threads(g, avail, nt);
@@ -1255,10 +1272,7 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
     for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
         const int64_t nb = s->n - b < nbw ? s->n - b : nbw;
         sums_tiles(s, g, b, nb, x, in, NULL, v, NULL, ws, nt, avx512);
-        for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
-            st = mdl_sgemm(0, 0, nb * tiles, c_out, c_in, 1.0f, v + xi * c_in, 36 * c_in,
-                           u + xi * c_in * c_out, c_out, 0.0f, m + xi * c_out, 36 * c_out, gws,
-                           gbytes);
+        if ((st = sums_gemms(s, 0, nb * tiles, v, u, m, 0.0f, gws, gbytes)) != MDL_OK) break;
 #pragma omp parallel num_threads(nt)
         {
             int t, T;
@@ -1292,10 +1306,7 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
     for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
         const int64_t nb = s->n - b < nbw ? s->n - b : nbw;
         sums_tiles(s, g, b, nb, x, in, dy, v, dm, ws, nt, avx512);
-        for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
-            st = mdl_sgemm(1, 0, c_in, c_out, nb * tiles, 1.0f, v + xi * c_in, 36 * c_in,
-                           dm + xi * c_out, 36 * c_out, b ? 1.0f : 0.0f, du + xi * cc, c_out,
-                           gws, gbytes);
+        st = sums_gemms(s, 1, nb * tiles, v, dm, du, b ? 1.0f : 0.0f, gws, gbytes);
     }
     if (st != MDL_OK) return st;
     const int64_t vl = avx512 ? 16 : 8, units = cc / vl;
@@ -1661,11 +1672,11 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq;
     int wino = use_winograd(s, g.wo, 0);
-    if (pool && (wino == WINO_SUMS || wino == WINO_SUMS8)) wino = GEMM;
+    if (pool && wino_sums_algo(wino)) wino = GEMM;
     pack_weights(s, &g, wino, w, pa);
     const int nt = mdl_threads_for((double)s->n * s->c_out * g.K * g.P);
 #if MDL_X86
-    if (wino == WINO_SUMS || wino == WINO_SUMS8)
+    if (wino_sums_algo(wino))
         st = winograd_sums(s, &g, x, in, pa, pa + weights_floats(s, g.K) + TABLE_FLOATS(g.K),
                            bias, relu, want_sums ? sums : NULL, 0.0f, y, ws, avail, nt,
                            wino == WINO_SUMS);
@@ -1859,7 +1870,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         pack_weights(&t, &gt, wino, wf, pa);
         const int nt = mdl_threads_for((double)s->n * s->c_in * Kt * gt.P);
 #if MDL_X86
-        if (wino == WINO_SUMS || wino == WINO_SUMS8)
+        if (wino_sums_algo(wino))
             st = winograd_sums(&t, &gt, dy, NULL, pa,
                                pa + weights_floats(&t, Kt) + TABLE_FLOATS(Kt), NULL, 0, NULL,
                                beta, dx, ws, avail, nt, wino == WINO_SUMS);
@@ -1932,7 +1943,7 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
     if (g.dense)
         st = dense_backward_weights(s, &g, x, in, dy, dw, accumulate, ws);
 #if MDL_X86
-    else if (wino == WINO_SUMS || wino == WINO_SUMS8)
+    else if (wino_sums_algo(wino))
         st = weights_winograd_sums(s, &g, x, in, dy, dw, accumulate, ws, avail,
                                    mdl_threads_for((double)s->n * s->c_out * g.K * g.P),
                                    wino == WINO_SUMS);
