@@ -328,42 +328,51 @@ static void products(int grad, int64_t n, int64_t c_in, int64_t c_out, const flo
 #undef CASE
 }
 
-/* The MO x MO outputs of one tile from m = M_0[t] (points c_out floats apart):
- * Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out) and sumsq = sums +
- * c_out, of the nr x nc outputs inside the image), written to y (the tile's top-left
- * output of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate:
- * no epilogue then) */
+/* o[MO r + c] = output (r, c) of one tile, VL channels from co, from m = M_0[t] (points
+ * c_out floats apart): Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out)
+ * and sumsq = sums + c_out, of the nr x nc outputs inside the image) */
+static inline __attribute__((always_inline)) void
+tile_outputs(const int MO, int64_t c_out, int64_t co, const float *m, const float *bias,
+             int relu, double *sums, int64_t nr, int64_t nc, vf *o)
+{
+    const vf zero = v_zero();
+    const int np = MO * MO;
+    vf f[4][6];
+    for (int j = 0; j < 6; j++) {
+        vf col[6], rm[4];
+        for (int i = 0; i < 6; i++) col[i] = v_loadu(m + (i * 6 + j) * c_out + co);
+        at6(MO, col, rm);
+        for (int r = 0; r < MO; r++) f[r][j] = rm[r];
+    }
+    for (int r = 0; r < MO; r++) at6(MO, f[r], o + MO * r);
+    if (bias) {
+        const vf b = v_loadu(bias + co);
+        for (int p = 0; p < np; p++) o[p] = v_add(o[p], b);
+    }
+    if (relu)
+        for (int p = 0; p < np; p++) o[p] = v_max(o[p], zero);
+    if (sums) {
+        vf s = zero, q = zero;
+        for (int p = 0; p < np; p++)
+            if (p / MO < nr && p % MO < nc) {
+                s = v_add(s, o[p]);
+                q = v_fmadd(o[p], o[p], q);
+            }
+        v_add_to_doubles(sums + co, s);
+        v_add_to_doubles(sums + c_out + co, q);
+    }
+}
+
+/* The MO x MO outputs of one tile (tile_outputs) written to y (the tile's top-left output
+ * of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate: no
+ * epilogue then) */
 static inline __attribute__((always_inline)) void
 output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int relu,
             double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P, int64_t wo, float *y)
 {
-    const vf zero = v_zero();
-    const int np = MO * MO;
     for (int64_t co = 0; co < c_out; co += VL) {
-        vf f[4][6], o[16];
-        for (int j = 0; j < 6; j++) {
-            vf col[6], rm[4];
-            for (int i = 0; i < 6; i++) col[i] = v_loadu(m + (i * 6 + j) * c_out + co);
-            at6(MO, col, rm);
-            for (int r = 0; r < MO; r++) f[r][j] = rm[r];
-        }
-        for (int r = 0; r < MO; r++) at6(MO, f[r], o + MO * r); /* o[MO r + c]: output (r, c) */
-        if (bias) {
-            const vf b = v_loadu(bias + co);
-            for (int p = 0; p < np; p++) o[p] = v_add(o[p], b);
-        }
-        if (relu)
-            for (int p = 0; p < np; p++) o[p] = v_max(o[p], zero);
-        if (sums) {
-            vf s = zero, q = zero;
-            for (int p = 0; p < np; p++)
-                if (p / MO < nr && p % MO < nc) {
-                    s = v_add(s, o[p]);
-                    q = v_fmadd(o[p], o[p], q);
-                }
-            v_add_to_doubles(sums + co, s);
-            v_add_to_doubles(sums + c_out + co, q);
-        }
+        vf o[16];
+        tile_outputs(MO, c_out, co, m, bias, relu, sums, nr, nc, o);
         if (MO == 2) { /* 4 outputs per channel: through memory */
             float t[4][VL] __attribute__((aligned(64)));
             for (int p = 0; p < 4; p++) v_store(t[p], o[p]);
@@ -390,6 +399,31 @@ output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int 
                     if (accumulate) z = _mm_add_ps(z, _mm_maskload_ps(yk + r * wo, cols));
                     _mm_maskstore_ps(yk + r * wo, cols, z);
                 }
+            }
+        }
+    }
+}
+
+/* ROW_TILES = VL / 4 whole F(4x4) tiles side by side (M of the first at m, of the next
+ * XI c_out floats on), as output_tile: each row of their outputs is transposed at once,
+ * so that a channel's VL outputs in it go to y in one vector store.  Tile by tile, a
+ * line of y took four 16-byte stores from four tiles, and at 32 x 32 outputs the VL
+ * planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there (bench/NOTES.md) */
+#define ROW_TILES (VL / 4)
+static void output_tile_row(int64_t c_out, const float *m, const float *bias, int relu,
+                            double *sums, int accumulate, int64_t P, int64_t wo, float *y)
+{
+    for (int64_t co = 0; co < c_out; co += VL) {
+        vf o[ROW_TILES][16];
+        for (int g = 0; g < ROW_TILES; g++)
+            tile_outputs(4, c_out, co, m + g * XI * c_out, bias, relu, sums, 4, 4, o[g]);
+        for (int r = 0; r < 4; r++) {
+            vf w[VL];
+            for (int j = 0; j < VL; j++) w[j] = o[j / 4][4 * r + j % 4];
+            v_transpose(w);
+            for (int k = 0; k < VL; k++) {
+                float *d = y + (co + k) * P + r * wo;
+                v_storeu(d, accumulate ? v_add(w[k], v_loadu(d)) : w[k]);
             }
         }
     }
@@ -428,7 +462,11 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
         const int64_t nr = ho - oh < g->m ? ho - oh : g->m, nc = wo - ow < g->m ? wo - ow : g->m;
         float *yt = y + b * c_out * P + oh * wo + ow;
         double *st = sums ? sums + b * 2 * c_out : NULL;
-        if (g->m == 4)
+        if (g->m == 4 && nr == 4 && ow % (4 * ROW_TILES) == 0 && ow + 4 * ROW_TILES <= wo &&
+            t + ROW_TILES <= n) {
+            output_tile_row(c_out, m + t * XI * c_out, bias, relu, st, accumulate, P, wo, yt);
+            t += ROW_TILES - 1;
+        } else if (g->m == 4)
             output_tile(4, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
                         yt);
         else
