@@ -22,8 +22,8 @@
  *      block of 16 input channels; the 36 products, register-blocked as 24
  *      vectors of M (tiles x output channels); Y = A^T M A per tile and block of
  *      16 output channels, then bias, ReLU and the channel sums with the channels
- *      in the lanes, and back to NCHW rows (16 x 16 transposes for F(4x4): per tile,
- *      or per row of four tiles side by side).
+ *      in the lanes, and back to NCHW rows (16 x 16 transposes: per row of tiles side
+ *      by side, 16 outputs wide, or tile by tile at the edges).
  * Small images go several to a call (mdl_winograd_avx512_group) so that the products
  * have tiles enough to fill their blocks.  The weight gradient is the adjoint of the
  * same steps (winograd_channels.h, which holds the code of both vector widths). */

@@ -404,22 +404,24 @@ output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int 
     }
 }
 
-/* ROW_TILES = VL / 4 whole F(4x4) tiles side by side (M of the first at m, of the next
+/* VL / MO whole tiles side by side, VL outputs wide (M of the first at m, of the next
  * XI c_out floats on), as output_tile: each row of their outputs is transposed at once,
  * so that a channel's VL outputs in it go to y in one vector store.  Tile by tile, a
- * line of y took four 16-byte stores from four tiles, and at 32 x 32 outputs the VL
- * planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there (bench/NOTES.md) */
-#define ROW_TILES (VL / 4)
-static void output_tile_row(int64_t c_out, const float *m, const float *bias, int relu,
-                            double *sums, int accumulate, int64_t P, int64_t wo, float *y)
+ * line of y took MO-float stores from several tiles, and at 32 x 32 outputs the VL
+ * planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there, F(2x2, 5x5) at 16 x 16
+ * 1.04-1.06x (bench/NOTES.md) */
+static inline __attribute__((always_inline)) void
+output_tile_row(const int MO, int64_t c_out, const float *m, const float *bias, int relu,
+                double *sums, int accumulate, int64_t P, int64_t wo, float *y)
 {
+    const int np = MO * MO;
     for (int64_t co = 0; co < c_out; co += VL) {
-        vf o[ROW_TILES][16];
-        for (int g = 0; g < ROW_TILES; g++)
-            tile_outputs(4, c_out, co, m + g * XI * c_out, bias, relu, sums, 4, 4, o[g]);
-        for (int r = 0; r < 4; r++) {
+        vf o[4 * VL]; /* tile g's outputs at o + g np */
+        for (int g = 0; g < VL / MO; g++)
+            tile_outputs(MO, c_out, co, m + g * XI * c_out, bias, relu, sums, MO, MO, o + g * np);
+        for (int r = 0; r < MO; r++) {
             vf w[VL];
-            for (int j = 0; j < VL; j++) w[j] = o[j / 4][4 * r + j % 4];
+            for (int j = 0; j < VL; j++) w[j] = o[j / MO * np + MO * r + j % MO];
             v_transpose(w);
             for (int k = 0; k < VL; k++) {
                 float *d = y + (co + k) * P + r * wo;
@@ -462,16 +464,17 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
         const int64_t nr = ho - oh < g->m ? ho - oh : g->m, nc = wo - ow < g->m ? wo - ow : g->m;
         float *yt = y + b * c_out * P + oh * wo + ow;
         double *st = sums ? sums + b * 2 * c_out : NULL;
-        if (g->m == 4 && nr == 4 && ow % (4 * ROW_TILES) == 0 && ow + 4 * ROW_TILES <= wo &&
-            t + ROW_TILES <= n) {
-            output_tile_row(c_out, m + t * XI * c_out, bias, relu, st, accumulate, P, wo, yt);
-            t += ROW_TILES - 1;
+        const float *mt = m + t * XI * c_out;
+        if (nr == g->m && ow % VL == 0 && ow + VL <= wo && t + VL / g->m <= n) {
+            if (g->m == 4)
+                output_tile_row(4, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
+            else
+                output_tile_row(2, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
+            t += VL / g->m - 1;
         } else if (g->m == 4)
-            output_tile(4, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
-                        yt);
+            output_tile(4, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
         else
-            output_tile(2, c_out, m + t * XI * c_out, bias, relu, st, accumulate, nr, nc, P, wo,
-                        yt);
+            output_tile(2, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
     }
 }
 
