@@ -404,27 +404,31 @@ output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int 
     }
 }
 
-/* VL / MO whole tiles side by side, VL outputs wide (M of the first at m, of the next
- * XI c_out floats on), as output_tile: each row of their outputs is transposed at once,
- * so that a channel's VL outputs in it go to y in one vector store.  Tile by tile, a
- * line of y took MO-float stores from several tiles, and at 32 x 32 outputs the VL
- * planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there, F(2x2, 5x5) at 16 x 16
- * 1.04-1.06x (bench/NOTES.md) */
+/* SPAN / MO whole tiles side by side (M of the first at m, of the next XI c_out floats
+ * on), as output_tile: each VL / SPAN rows of their outputs are transposed at once, so
+ * that a channel's VL outputs there go to y in one vector store (SPAN < VL: the tiles
+ * are a whole row of tiles of an image SPAN wide, whose rows follow one another).
+ * Tile by tile, a line of y took MO-float stores from several tiles, and at 32 x 32
+ * outputs the VL planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there,
+ * F(2x2, 5x5) at 16 x 16 1.04-1.06x (bench/NOTES.md) */
 static inline __attribute__((always_inline)) void
-output_tile_row(const int MO, int64_t c_out, const float *m, const float *bias, int relu,
-                double *sums, int accumulate, int64_t P, int64_t wo, float *y)
+output_tile_row(const int MO, const int SPAN, int64_t c_out, const float *m, const float *bias,
+                int relu, double *sums, int accumulate, int64_t P, int64_t wo, float *y)
 {
-    const int np = MO * MO;
+    const int np = MO * MO, K = VL / SPAN; /* K rows per vector */
     for (int64_t co = 0; co < c_out; co += VL) {
         vf o[4 * VL]; /* tile g's outputs at o + g np */
-        for (int g = 0; g < VL / MO; g++)
+        for (int g = 0; g < SPAN / MO; g++)
             tile_outputs(MO, c_out, co, m + g * XI * c_out, bias, relu, sums, MO, MO, o + g * np);
-        for (int r = 0; r < MO; r++) {
+        for (int r0 = 0; r0 < MO; r0 += K) {
             vf w[VL];
-            for (int j = 0; j < VL; j++) w[j] = o[j / MO * np + MO * r + j % MO];
+            for (int j = 0; j < VL; j++) {
+                const int r = r0 + j / SPAN, c = j % SPAN;
+                w[j] = o[c / MO * np + MO * r + c % MO];
+            }
             v_transpose(w);
             for (int k = 0; k < VL; k++) {
-                float *d = y + (co + k) * P + r * wo;
+                float *d = y + (co + k) * P + r0 * wo;
                 v_storeu(d, accumulate ? v_add(w[k], v_loadu(d)) : w[k]);
             }
         }
@@ -458,6 +462,11 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
                          int accumulate, float *y)
 {
     const int64_t P = ho * wo;
+    /* outputs per row of output_tile_row's groups: VL, or an image's whole rows when VL is
+     * a multiple of its width, a multiple of m, itself a multiple of the rows per vector
+     * (0: tile by tile) */
+    int64_t span = wo >= VL ? VL : wo;
+    if (VL % span || span % g->m || g->m % (VL / span)) span = 0;
     for (int64_t t = 0; t < n; t++) {
         const int64_t q = q0 + t, b = q / g->T, oh = q % g->T / g->tw * g->m;
         const int64_t ow = q % g->tw * g->m;
@@ -465,12 +474,13 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
         float *yt = y + b * c_out * P + oh * wo + ow;
         double *st = sums ? sums + b * 2 * c_out : NULL;
         const float *mt = m + t * XI * c_out;
-        if (nr == g->m && ow % VL == 0 && ow + VL <= wo && t + VL / g->m <= n) {
-            if (g->m == 4)
-                output_tile_row(4, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
-            else
-                output_tile_row(2, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
-            t += VL / g->m - 1;
+        if (nr == g->m && span && ow % span == 0 && ow + span <= wo && t + span / g->m <= n) {
+#define ROW(MO, SPAN)                                                                      \
+    if ((SPAN) % (MO) == 0 && (MO) % (VL / (SPAN)) == 0 && g->m == (MO) && span == (SPAN)) \
+        output_tile_row(MO, SPAN, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
+            ROW(4, VL) ROW(4, VL / 2) ROW(4, VL / 4) ROW(2, VL) ROW(2, VL / 2)
+#undef ROW
+            t += span / g->m - 1;
         } else if (g->m == 4)
             output_tile(4, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
         else

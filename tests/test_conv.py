@@ -156,6 +156,7 @@ WINOGRAD = [
     (2, 128, 8, 8, 256, 3, 3, 1, 1),          # by default F(4x4) forward and dx, GEMM dw
     (2, 256, 8, 8, 256, 3, 3, 1, 1),          # the same from 8 wide up to 256 x 256
     (3, 192, 6, 5, 192, 3, 3, 1, 1),          # beyond: the sums by SGEMMs, every direction
+    (2, 192, 4, 4, 192, 3, 3, 1, 1),          # the same at 4x4: an image's rows to a store
     (2, 192, 5, 7, 176, 5, 5, 1, 2),          # the same, F(2x2, 5x5)
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
