@@ -210,16 +210,20 @@ ALWAYS_INLINE void max_plane(const mdl_pool_geom *g, const float *x, float *y, c
     }
 }
 
-/* ---- 2x2 windows that tile a plane of rows narrower than 8 outputs ---------------- */
+/* ---- 2x2 windows that tile a plane ------------------------------------------------ */
 
 /* A plane tiled by 2x2 windows with stride 2 (no padding, no partial window) with 1, 2
  * or 4 outputs per row: any 8 consecutive outputs from a multiple of 8 read the 32
  * consecutive floats from 4 times that, which lane shuffles split into the windows'
- * four positions (tiled2_positions); the narrow rows otherwise take the scalar loop */
+ * four positions (tiled2_positions); the narrow rows otherwise take the scalar loop.
+ * With a multiple of 8 outputs per row, 8 outputs of a row read 16 floats of each of
+ * their two input rows (tiled2_row_positions), and the backward writes each element of
+ * dx once, without the general kernel's clearing and scattering (bench/NOTES.md). */
 static int tiled2(const mdl_pool_geom *g)
 {
     return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
-           g->h == 2 * g->ho && g->w == 2 * g->wo && (g->wo == 1 || g->wo == 2 || g->wo == 4);
+           g->h == 2 * g->ho && g->w == 2 * g->wo &&
+           (g->wo == 1 || g->wo == 2 || g->wo == 4 || g->wo % 8 == 0);
 }
 
 /* the 64-bit halves: A0 A2 B0 B2 and A1 A3 B1 B3 */
@@ -290,6 +294,27 @@ ALWAYS_INLINE void tiled2_store(float *p, int64_t wo, const __m256 q[4])
     _mm256_storeu_ps(p + 24, a3);
 }
 
+/* q[k]: position k of the windows of 8 outputs of a row, whose first input row starts
+ * at p (the second w floats on) */
+ALWAYS_INLINE void tiled2_row_positions(const float *p, int64_t w, __m256 q[4])
+{
+    for (int r = 0; r < 2; r++) {
+        const __m256 a = _mm256_loadu_ps(p + r * w), b = _mm256_loadu_ps(p + r * w + 8);
+        q[2 * r] = mdl_even_lanes(a, b), q[2 * r + 1] = mdl_odd_lanes(a, b);
+    }
+}
+
+/* the inverse: the two rows of 16 floats at p from the positions q */
+ALWAYS_INLINE void tiled2_row_store(float *p, int64_t w, const __m256 q[4])
+{
+    for (int r = 0; r < 2; r++) {
+        __m256 a, b;
+        interleave(32, q[2 * r], q[2 * r + 1], &a, &b);
+        _mm256_storeu_ps(p + r * w, a);
+        _mm256_storeu_ps(p + r * w + 8, b);
+    }
+}
+
 /* The maxima of 8 windows in the reference's order and rule, and which position won */
 ALWAYS_INLINE __m256 tiled2_max(const __m256 q[4], __m256i *won)
 {
@@ -310,10 +335,14 @@ ALWAYS_INLINE __m256 tiled2_max(const __m256 q[4], __m256i *won)
 static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy, float *out)
 {
     const int64_t wo = g->wo, n = g->ho * wo, whole = n / 8 * 8;
+    const int rows = wo % 8 == 0; /* 8 outputs of one row at a time */
     for (int64_t t = 0; t < whole; t += 8) {
         __m256 q[4];
         __m256i won;
-        tiled2_positions(x + 4 * t, wo, q);
+        /* the first input of output t's window */
+        const int64_t in = rows ? 2 * (t / wo) * g->w + 2 * (t % wo) : 4 * t;
+        if (rows) tiled2_row_positions(x + in, g->w, q);
+        else tiled2_positions(x + in, wo, q);
         const __m256 m = tiled2_max(q, &won);
         if (!dy) {
             _mm256_storeu_ps(out + t, m);
@@ -324,7 +353,8 @@ static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy
             q[k] = _mm256_add_ps(_mm256_setzero_ps(),
                                  _mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(
                                                       won, _mm256_set1_epi32(k)))));
-        tiled2_store(out + 4 * t, wo, q);
+        if (rows) tiled2_row_store(out + in, g->w, q);
+        else tiled2_store(out + in, wo, q);
     }
     if (dy) memset(out + 4 * whole, 0, (size_t)(4 * (n - whole)) * sizeof(float));
     for (int64_t oh = whole / wo; oh < g->ho; oh++) {

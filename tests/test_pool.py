@@ -48,6 +48,8 @@ CASES = [
     # 2x2 / 2 windows tiling rows of 1 or 2 outputs: 8 outputs per vector, a scalar tail
     (1, 11, 2, 2, (2, 2), (2, 2), (0, 0), False),
     (1, 13, 4, 4, (2, 2), (2, 2), (0, 0), True),
+    # rows of a multiple of 8 outputs: 8 outputs of a row to a vector (VGG's pools)
+    (2, 3, 6, 32, (2, 2), (2, 2), (0, 0), False),
 ]
 
 
