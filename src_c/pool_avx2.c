@@ -329,10 +329,12 @@ ALWAYS_INLINE __m256 tiled2_max(const __m256 q[4], __m256i *won)
     return m;
 }
 
-/* Forward (dy NULL: y = the maxima) or backward (dx = dy at each maximum, 0 elsewhere)
- * of a tiled2 plane; the last outputs past a multiple of 8 by the scalar loop, whole
- * rows (8 is a multiple of wo) */
-static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy, float *out)
+/* Forward (dy NULL: y = the maxima, and with tap each winner's position) or backward
+ * (dx = dy at each maximum, 0 elsewhere) of a tiled2 plane; the last outputs past a
+ * multiple of 8 by the scalar loop, whole rows (8 is a multiple of wo; with tap there
+ * are none) */
+static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy, float *out,
+                         uint8_t *tap)
 {
     const int64_t wo = g->wo, n = g->ho * wo, whole = n / 8 * 8;
     const int rows = wo % 8 == 0; /* 8 outputs of one row at a time */
@@ -346,6 +348,11 @@ static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy
         const __m256 m = tiled2_max(q, &won);
         if (!dy) {
             _mm256_storeu_ps(out + t, m);
+            if (tap) {
+                int32_t at[8];
+                _mm256_storeu_si256((__m256i *)at, won);
+                for (int j = 0; j < 8; j++) tap[t + j] = (uint8_t)at[j];
+            }
             continue;
         }
         const __m256 d = _mm256_loadu_ps(dy + t);
@@ -366,7 +373,7 @@ static void tiled2_plane(const mdl_pool_geom *g, const float *x, const float *dy
 void mdl_max_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y)
 {
     if (tiled2(g)) {
-        tiled2_plane(g, x, NULL, y);
+        tiled2_plane(g, x, NULL, y, NULL);
         return;
     }
     switch (load_mode(g->sw)) {
@@ -465,7 +472,7 @@ void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const 
                                   float *dx)
 {
     if (tiled2(g)) {
-        tiled2_plane(g, x, dy, dx);
+        tiled2_plane(g, x, dy, dx, NULL);
         return;
     }
     switch (load_mode(g->sw)) {
@@ -526,6 +533,10 @@ ALWAYS_INLINE void max_tap_plane(const mdl_pool_geom *g, const float *x, float *
 
 void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap)
 {
+    if (tiled2(g) && g->ho * g->wo % 8 == 0) {
+        tiled2_plane(g, x, NULL, y, tap);
+        return;
+    }
     switch (load_mode(g->sw)) {
     case LOAD_S1: max_tap_plane(g, x, y, tap, LOAD_S1); break;
     case LOAD_S2: max_tap_plane(g, x, y, tap, LOAD_S2); break;
