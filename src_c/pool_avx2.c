@@ -634,47 +634,66 @@ static inline __m256i first_lanes(int64_t r)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* the row buffer of output row oh: the sums over its window's rows of each input column */
+ALWAYS_INLINE void avg_column_sums(const mdl_pool_geom *g, const float *x, int64_t oh,
+                                   __m256i wtail, float *urow)
+{
+    const int64_t w = g->w, wfull = w & ~(int64_t)7;
+    int64_t hs, he, hspan;
+    mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
+    int64_t j = 0;
+    for (; j < wfull; j += 8) {
+        const float *col = x + hs * w + j;
+        __m256 acc = _mm256_loadu_ps(col);
+        for (int64_t ih = hs + 1; ih < he; ih++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
+        _mm256_storeu_ps(urow + j, acc);
+    }
+    if (j < w) {
+        const float *col = x + hs * w + j;
+        __m256 acc = _mm256_maskload_ps(col, wtail);
+        for (int64_t ih = hs + 1; ih < he; ih++)
+            acc = _mm256_add_ps(acc, _mm256_maskload_ps(col += w, wtail));
+        mdl_store_first8(urow + j, acc, w - j);
+    }
+}
+
+/* Row buffers in a ring of AVG_RING, filled AVG_RING - 1 output rows ahead of the row
+ * whose taps read them: read right after their stores, the taps' unaligned loads,
+ * which straddle two stores, waited for them to reach the cache (store forwarding
+ * fails): most of the time on the small maps (bench/NOTES.md) */
+#define AVG_RING 3
+
 ALWAYS_INLINE void avg_plane_rows(const mdl_pool_geom *g, const float *x, float *y, const int mode)
 {
-    float u[2 * AVG_ROW_MAX], wdiv[AVG_ROW_MAX];
+    float u[AVG_RING][2 * AVG_ROW_MAX];
     const __m256i offs = lane_offsets(g->sw);
     const int64_t w = g->w, wo = g->wo, kw = g->kw, sw = g->sw;
     const int64_t len = (wo + 8) * sw + kw + 16 < 2 * AVG_ROW_MAX ? (wo + 8) * sw + kw + 16
                                                                   : 2 * AVG_ROW_MAX;
-    memset(u, 0, (size_t)len * sizeof(float));
-    for (int64_t ow = 0; ow < wo + 8 && ow < AVG_ROW_MAX; ow++) {
-        int64_t ws, we, wspan = 1;
-        if (ow < wo) mdl_pool_span(ow, sw, g->pw, kw, w, &ws, &we, &wspan);
-        wdiv[ow] = (float)wspan;
-    }
-    const int64_t wfull = w & ~(int64_t)7;
-    const __m256i wtail = first_lanes(w - wfull);
-    float *urow = u + g->pw;
+    for (int r = 0; r < AVG_RING && r < g->ho; r++) memset(u[r], 0, (size_t)len * sizeof(float));
+    /* window widths (mdl_pool_span): min(kw, w + pw - start), start = ow sw - pw; lanes
+     * past wo are not stored */
+    const __m256 vkw = _mm256_set1_ps((float)kw);
+    const __m256 lane_sw = _mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                         _mm256_set1_ps((float)sw));
+    const __m256i wtail = first_lanes(w - (w & ~(int64_t)7));
+    for (int64_t oh = 0; oh < AVG_RING - 1 && oh < g->ho; oh++)
+        avg_column_sums(g, x, oh, wtail, u[oh] + g->pw);
     for (int64_t oh = 0; oh < g->ho; oh++) {
+        if (oh + AVG_RING - 1 < g->ho)
+            avg_column_sums(g, x, oh + AVG_RING - 1, wtail, u[(oh + AVG_RING - 1) % AVG_RING] + g->pw);
         int64_t hs, he, hspan;
         mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs, &he, &hspan);
-        int64_t j = 0;
-        for (; j < wfull; j += 8) {
-            const float *col = x + hs * w + j;
-            __m256 acc = _mm256_loadu_ps(col);
-            for (int64_t ih = hs + 1; ih < he; ih++) acc = _mm256_add_ps(acc, _mm256_loadu_ps(col += w));
-            _mm256_storeu_ps(urow + j, acc);
-        }
-        if (j < w) {
-            const float *col = x + hs * w + j;
-            __m256 acc = _mm256_maskload_ps(col, wtail);
-            for (int64_t ih = hs + 1; ih < he; ih++)
-                acc = _mm256_add_ps(acc, _mm256_maskload_ps(col += w, wtail));
-            mdl_store_first8(urow + j, acc, w - j);
-        }
         const __m256 vh = _mm256_set1_ps((float)hspan);
         float *yrow = y + oh * wo;
         for (int64_t o = 0; o < wo; o += 8) {
-            const float *base = u + o * sw; /* padded column of tap kx = 0 */
+            const float *base = u[oh % AVG_RING] + o * sw; /* padded column of tap kx = 0 */
             __m256 sum = load_strided(base, mode, offs);
             for (int64_t kx = 1; kx < kw; kx++)
                 sum = _mm256_add_ps(sum, load_strided(base + kx, mode, offs));
-            __m256 v = _mm256_div_ps(sum, _mm256_mul_ps(vh, _mm256_loadu_ps(wdiv + o)));
+            const __m256 wspan = _mm256_min_ps(
+                vkw, _mm256_sub_ps(_mm256_set1_ps((float)(w + 2 * g->pw - o * sw)), lane_sw));
+            __m256 v = _mm256_div_ps(sum, _mm256_mul_ps(vh, wspan));
             if (o + 8 <= wo) _mm256_storeu_ps(yrow + o, v);
             else mdl_store_first8(yrow + o, v, wo - o);
         }
