@@ -342,16 +342,28 @@ static int64_t wino_sums_images(const mdl_conv2d_shape *s, int64_t tiles)
     const int64_t chunks = (s->n + nb - 1) / nb;
     return (s->n + chunks - 1) / chunks; /* chunks of equal size, but for the last */
 }
-static size_t wino_sums_bytes(const mdl_conv2d_shape *s, int64_t tiles, int grad)
+/* The shared buffers of the sums by SGEMMs, as offsets in floats from their start: a
+ * chunk's V, its M (dM), dU in float (grad only), then the SGEMMs' workspace, gbytes */
+typedef struct sums_layout {
+    int64_t tiles, images; /* tiles per image, images per chunk */
+    size_t m, du, gws, gbytes;
+} sums_layout;
+
+static sums_layout wino_sums_layout(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
 {
-    const int64_t nb = wino_sums_images(s, tiles);
-    size_t gemm = 0;
-    const int64_t last = (s->n % nb ? s->n % nb : nb) * tiles;
-    for (int64_t c = nb * tiles, pass = 0; pass < 2; pass++, c = last)
-        gemm = max_size(gemm, grad ? mdl_sgemm_workspace_size(s->c_in, s->c_out, c)
-                                   : mdl_sgemm_workspace_size(c, s->c_out, s->c_in));
-    return (FLOATS(36 * nb * tiles * s->c_in) + FLOATS(36 * nb * tiles * s->c_out) +
-            (grad ? FLOATS(36 * s->c_in * s->c_out) : 0)) * sizeof(float) + gemm;
+    sums_layout L;
+    L.tiles = wino_tiles(s, ho, wo);
+    L.images = wino_sums_images(s, L.tiles);
+    const int64_t rows = L.images * L.tiles;
+    const int64_t last = (s->n % L.images ? s->n % L.images : L.images) * L.tiles;
+    L.m = FLOATS(36 * rows * s->c_in);
+    L.du = L.m + FLOATS(36 * rows * s->c_out);
+    L.gws = L.du + (grad ? FLOATS(36 * s->c_in * s->c_out) : 0);
+    L.gbytes = 0;
+    for (int64_t c = rows, pass = 0; pass < 2; pass++, c = last)
+        L.gbytes = max_size(L.gbytes, grad ? mdl_sgemm_workspace_size(s->c_in, s->c_out, c)
+                                           : mdl_sgemm_workspace_size(c, s->c_out, s->c_in));
+    return L;
 }
 
 /* The shared floats of the sums by SGEMMs for shape s with outputs ho x wo, forward or
@@ -366,7 +378,8 @@ static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, 
     if ((w8 || w16) && s->c_in * s->c_out > channels_max_cc(wo, grad)) {
         *per = max_size(*per, (w16 ? mdl_winograd_avx512_tiles_floats
                                    : mdl_winograd8_tiles_floats)(s, ho, wo));
-        return wino_sums_bytes(s, wino_tiles(s, ho, wo), grad) / sizeof(float);
+        const sums_layout L = wino_sums_layout(s, ho, wo, grad);
+        return L.gws + L.gbytes / sizeof(float); /* gbytes: whole floats */
     }
 #endif
     (void)s, (void)ho, (void)wo, (void)grad, (void)per;
@@ -1263,10 +1276,10 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
                                 float *ws, size_t avail, int nt, int avx512)
 {
     const int64_t c_out = s->c_out, P = g->P;
-    const int64_t tiles = wino_tiles(s, g->ho, g->wo), nbw = wino_sums_images(s, tiles);
-    float *v = shared, *m = v + FLOATS(36 * nbw * tiles * s->c_in);
-    float *gws = m + FLOATS(36 * nbw * tiles * c_out);
-    const size_t gbytes = wino_sums_bytes(s, tiles, 0) - (size_t)(gws - shared) * sizeof(float);
+    const sums_layout L = wino_sums_layout(s, g->ho, g->wo, 0);
+    const int64_t tiles = L.tiles, nbw = L.images;
+    float *v = shared, *m = shared + L.m, *gws = shared + L.gws;
+    const size_t gbytes = L.gbytes;
     nt = sums_threads(g, avail, nt);
     mdl_status st = MDL_OK;
     for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
@@ -1296,11 +1309,11 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
                                         float *dw, int accumulate, float *ws, size_t avail,
                                         int nt, int avx512)
 {
-    const int64_t c_in = s->c_in, c_out = s->c_out, cc = c_in * c_out;
-    const int64_t tiles = wino_tiles(s, g->ho, g->wo), nbw = wino_sums_images(s, tiles);
-    float *v = ws, *dm = v + FLOATS(36 * nbw * tiles * c_in);
-    float *du = dm + FLOATS(36 * nbw * tiles * c_out), *gws = du + FLOATS(36 * cc);
-    const size_t gbytes = wino_sums_bytes(s, tiles, 1) - (size_t)(gws - ws) * sizeof(float);
+    const int64_t cc = s->c_in * s->c_out;
+    const sums_layout L = wino_sums_layout(s, g->ho, g->wo, 1);
+    const int64_t tiles = L.tiles, nbw = L.images;
+    float *v = ws, *dm = ws + L.m, *du = ws + L.du, *gws = ws + L.gws;
+    const size_t gbytes = L.gbytes;
     nt = sums_threads(g, avail, nt);
     mdl_status st = MDL_OK;
     for (int64_t b = 0; b < s->n && st == MDL_OK; b += nbw) {
