@@ -108,6 +108,13 @@ void mdl_avg_pool_back_plane_scalar(const mdl_pool_geom *g, const float *dy, flo
     for (int64_t oh = 0; oh < g->ho; oh++) mdl_avg_pool_back_cols_scalar(g, dy, dx, oh, 0, g->wo);
 }
 
+void mdl_avg_pool_back_planes_scalar(const mdl_pool_geom *g, int64_t planes, const float *dy,
+                                     float *dx)
+{
+    for (int64_t p = 0; p < planes; p++)
+        mdl_avg_pool_back_plane_scalar(g, dy + p * g->ho * g->wo, dx + p * g->h * g->w);
+}
+
 /* mean of x[hw], summed in double */
 float mdl_global_avg_scalar(int64_t hw, const float *x)
 {
@@ -228,6 +235,19 @@ void mdl_pool_planes(const mdl_pool_geom *g, int avg, int relu, int64_t planes, 
         const int64_t chunk = mdl_dynamic_chunk(count, nt);                   \
         _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(nt)")  \
         for (int64_t p = 0; p < (count); p++) { body; }                       \
+    } while (0)
+
+/* Run `body` for runs of planes [p, p + len) that together are [0, count), handed out
+ * one at a time to the threads (mdl_dynamic_chunk). */
+#define PLANE_RUNS(count, work, body)                                         \
+    do {                                                                      \
+        int nt = mdl_threads_for(work);                                       \
+        const int64_t chunk = mdl_dynamic_chunk(count, nt);                   \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nt)")      \
+        for (int64_t p = 0; p < (count); p += chunk) {                        \
+            const int64_t len = (count) - p < chunk ? (count) - p : chunk;     \
+            body;                                                             \
+        }                                                                     \
     } while (0)
 
 #define CHECK_PTRS2(a, b) \
@@ -414,9 +434,9 @@ mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, f
     CHECK_PTRS2(dy, dx);
     int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
     int avx2 = mdl_use_avx2() && g.vec_ok;
-    PLANES(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
-           if (avx2) mdl_avg_pool_back_plane_avx2(&g, dy + p * out, dx + p * in);
-           else mdl_avg_pool_back_plane_scalar(&g, dy + p * out, dx + p * in));
+    PLANE_RUNS(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
+               (avx2 ? mdl_avg_pool_back_planes_avx2 : mdl_avg_pool_back_planes_scalar)(
+                   &g, len, dy + p * out, dx + p * in));
     return MDL_OK;
 }
 

@@ -78,6 +78,9 @@ void mdl_max_pool_tap_plane_scalar(const mdl_pool_geom *g, const float *x, float
                                    uint8_t *tap);
 void mdl_avg_pool_plane_scalar(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_avg_pool_back_plane_scalar(const mdl_pool_geom *g, const float *dy, float *dx);
+/* the backward of `planes` consecutive planes */
+void mdl_avg_pool_back_planes_scalar(const mdl_pool_geom *g, int64_t planes, const float *dy,
+                                     float *dx);
 /* Global average: *y = mean of x[hw]; dx[hw] = dy / hw. */
 float mdl_global_avg_scalar(int64_t hw, const float *x);
 void mdl_global_avg_back_scalar(int64_t hw, float dy, float *dx);
@@ -88,7 +91,8 @@ void mdl_max_pool_back_plane_avx2(const mdl_pool_geom *g, const float *x, const 
                                   float *dx);
 void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *y, uint8_t *tap);
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y);
-void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx);
+void mdl_avg_pool_back_planes_avx2(const mdl_pool_geom *g, int64_t planes, const float *dy,
+                                   float *dx);
 float mdl_global_avg_avx2(int64_t hw, const float *x);
 void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
 /* pool_avx512.c: mdl_max_pool_plane_avx2's contract, where applies (strides 1 and 2
@@ -102,7 +106,7 @@ void mdl_max_pool_tap_plane_avx512(const mdl_pool_geom *g, const float *x, float
 #  define mdl_max_pool_back_plane_avx2 mdl_max_pool_back_plane_scalar
 #  define mdl_max_pool_tap_plane_avx2 mdl_max_pool_tap_plane_scalar
 #  define mdl_avg_pool_plane_avx2 mdl_avg_pool_plane_scalar
-#  define mdl_avg_pool_back_plane_avx2 mdl_avg_pool_back_plane_scalar
+#  define mdl_avg_pool_back_planes_avx2 mdl_avg_pool_back_planes_scalar
 #  define mdl_global_avg_avx2 mdl_global_avg_scalar
 #  define mdl_global_avg_back_avx2 mdl_global_avg_back_scalar
 #  define mdl_max_pool_avx512_applies(g) 0

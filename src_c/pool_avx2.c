@@ -786,7 +786,7 @@ static void avg_back_plane_rows(const mdl_pool_geom *g, const float *dy, float *
     }
 }
 
-void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float *dx)
+static void avg_back_plane(const mdl_pool_geom *g, const float *dy, float *dx)
 {
     if (g->kw <= AVG_MAX_KW && g->w + g->kw <= AVG_CHUNK && g->ho * g->w <= AVG_T_MAX &&
         g->ho <= AVG_T_ROWS) {
@@ -837,6 +837,115 @@ void mdl_avg_pool_back_plane_avx2(const mdl_pool_geom *g, const float *dy, float
             }
         }
     }
+}
+
+/* The backward of planes of at most 16 columns (cifar10_quick's 8x8 and 16x16 maps), a
+ * run of planes at a time.  What depends only on the geometry is worked out once per
+ * run: the divisors, each window's input columns as lane masks, the output rows over
+ * each input row.  Then per plane: g = dy / divisor (vector divisions, as exact as the
+ * scalar ones); t_oh = the sum over ow (decreasing, as avg_back_plane_rows adds them)
+ * of g[oh][ow] masked to its window's columns; dx row ih = the sum of the t_oh covering
+ * it (oh increasing), stored once.  The sums are avg_back_plane_rows', but for the sign
+ * of zero sums. */
+#define AVG_SMALL_W 16
+#define AVG_SMALL_H 64
+
+typedef struct {
+    int64_t lo[AVG_SMALL_H], hi[AVG_SMALL_H]; /* input row ih's output rows [lo, hi) */
+    float div[AVG_SMALL_H * AVG_SMALL_W];     /* (ho, wo) divisors */
+    __m256 cols[AVG_SMALL_W][2];              /* lanes iw: the columns of window ow */
+    __m256i tail;                             /* the lanes of w in the last vector */
+} avg_back_geom;
+
+static int avg_back_small_fits(const mdl_pool_geom *g)
+{
+    return g->w <= AVG_SMALL_W && g->wo <= AVG_SMALL_W && g->h <= AVG_SMALL_H &&
+           g->ho <= AVG_SMALL_H;
+}
+
+static void avg_back_small_setup(const mdl_pool_geom *g, avg_back_geom *s)
+{
+    const int64_t w = g->w, ho = g->ho, wo = g->wo;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t hs[AVG_SMALL_H], he[AVG_SMALL_H], wspan[AVG_SMALL_W];
+    for (int64_t ow = 0; ow < wo; ow++) {
+        int64_t ws, we;
+        mdl_pool_span(ow, g->sw, g->pw, g->kw, w, &ws, &we, &wspan[ow]);
+        for (int v = 0; v < 2; v++) { /* lanes in [ws, we) */
+            const __m256i col = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * v));
+            s->cols[ow][v] = _mm256_castsi256_ps(
+                _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)ws), col),
+                                    _mm256_cmpgt_epi32(_mm256_set1_epi32((int)we), col)));
+        }
+    }
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t hspan;
+        mdl_pool_span(oh, g->sh, g->ph, g->kh, g->h, &hs[oh], &he[oh], &hspan);
+        for (int64_t ow = 0; ow < wo; ow++) s->div[oh * wo + ow] = (float)(hspan * wspan[ow]);
+    }
+    for (int64_t ih = 0, a = 0, b = 0; ih < g->h; ih++) {
+        while (a < ho && he[a] <= ih) a++;
+        if (b < a) b = a;
+        while (b < ho && hs[b] <= ih) b++;
+        s->lo[ih] = a;
+        s->hi[ih] = b;
+    }
+    s->tail = first_lanes(w > 8 ? w - 8 : w);
+}
+
+/* nv: vectors to a row of w (1 or 2) */
+ALWAYS_INLINE void avg_back_small(const mdl_pool_geom *g, const avg_back_geom *s,
+                                  int64_t planes, const float *dy, float *dx, const int nv)
+{
+    const int64_t w = g->w, h = g->h, ho = g->ho, wo = g->wo, ohw = ho * wo;
+    float q[AVG_SMALL_H * AVG_SMALL_W];
+    __m256 t[AVG_SMALL_H][2];
+    for (int64_t p = 0; p < planes; p++, dy += ohw, dx += h * w) {
+        int64_t k = 0;
+        for (; k + 8 <= ohw; k += 8)
+            _mm256_storeu_ps(q + k, _mm256_div_ps(_mm256_loadu_ps(dy + k),
+                                                  _mm256_loadu_ps(s->div + k)));
+        for (; k < ohw; k++) q[k] = dy[k] / s->div[k];
+        for (int64_t oh = 0; oh < ho; oh++) {
+            __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+            for (int64_t ow = wo - 1; ow >= 0; ow--) {
+                const __m256 gv = _mm256_broadcast_ss(q + oh * wo + ow);
+                t0 = _mm256_add_ps(t0, _mm256_and_ps(gv, s->cols[ow][0]));
+                if (nv == 2) t1 = _mm256_add_ps(t1, _mm256_and_ps(gv, s->cols[ow][1]));
+            }
+            t[oh][0] = t0;
+            t[oh][1] = t1;
+        }
+        for (int64_t ih = 0; ih < h; ih++) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int64_t oh = s->lo[ih]; oh < s->hi[ih]; oh++) {
+                a0 = _mm256_add_ps(a0, t[oh][0]);
+                if (nv == 2) a1 = _mm256_add_ps(a1, t[oh][1]);
+            }
+            float *row = dx + ih * w;
+            if (nv == 2) {
+                _mm256_storeu_ps(row, a0);
+                row += 8;
+                a0 = a1;
+            }
+            if (w == 8 * nv) _mm256_storeu_ps(row, a0);
+            else _mm256_maskstore_ps(row, s->tail, a0);
+        }
+    }
+}
+
+void mdl_avg_pool_back_planes_avx2(const mdl_pool_geom *g, int64_t planes, const float *dy,
+                                   float *dx)
+{
+    if (!avg_back_small_fits(g)) {
+        for (int64_t p = 0; p < planes; p++)
+            avg_back_plane(g, dy + p * g->ho * g->wo, dx + p * g->h * g->w);
+        return;
+    }
+    avg_back_geom s;
+    avg_back_small_setup(g, &s);
+    if (g->w > 8) avg_back_small(g, &s, planes, dy, dx, 2);
+    else avg_back_small(g, &s, planes, dy, dx, 1);
 }
 
 /* ---- global average pooling ----------------------------------------------- */

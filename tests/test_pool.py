@@ -50,6 +50,9 @@ CASES = [
     (1, 13, 4, 4, (2, 2), (2, 2), (0, 0), True),
     # rows of a multiple of 8 outputs: 8 outputs of a row to a vector (VGG's pools)
     (2, 3, 6, 32, (2, 2), (2, 2), (0, 0), False),
+    # the average pool's backward for planes up to 16 columns: two vectors, the second
+    # partial; three windows over an element
+    (2, 3, 12, 13, (3, 3), (1, 1), (1, 1), False),
 ]
 
 
