@@ -63,7 +63,7 @@
  * gradient's tiles) in registers per chunk of a few tiles, up to c_in * c_out = 128 *
  * 256 for the forward and the data gradient, 256 * 256 for them with outputs at least
  * WINOGRAD_WIDE_MIN_WO wide, and 128 * 128 for the weight gradient: beyond, the
- * transformed weights (36 c_in c_out floats, 9 MiB at 256 * 256), or the threads'
+ * transformed weights (36 c_in c_out floats for 3x3, 9 MiB at 256 * 256), or the threads'
  * partial dU in double, no longer stay in the cache, and the same transforms go
  * around one SGEMM per transform point over the tiles of up to WINO_SUMS_BYTES of V
  * and M (winograd_sums, weights_winograd_sums).  Measured (bench/NOTES.md): the sums
@@ -321,8 +321,8 @@ static size_t batch_thread(const mdl_conv2d_shape *s, int64_t K, int64_t ho, int
 /* The channel Winograd's limit on c_in c_out: for the forward and the data gradient
  * (wo: the output's width), or the weight gradient (grad).  Above it the sums over the
  * input channels, or over the tiles, go to SGEMMs over the tiles of a chunk of images
- * (winograd_sums, weights_winograd_sums).  Tiles per image (F(4x4, 3x3) or F(2x2,
- * 5x5)), images per chunk (V and M, or dM, within WINO_SUMS_BYTES), and the shared
+ * (winograd_sums, weights_winograd_sums).  Tiles per image (4x4 outputs each), images
+ * per chunk (V and M, or dM, within WINO_SUMS_BYTES), and the shared
  * workspace: the chunk's V and M (dM), the largest of the SGEMMs' workspaces, and for
  * the weight gradient dU in float. */
 static int64_t channels_max_cc(int64_t wo, int grad)
@@ -332,12 +332,13 @@ static int64_t channels_max_cc(int64_t wo, int grad)
 }
 static int64_t wino_tiles(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    const int64_t m = s->kh == 3 ? 4 : 2;
+    const int64_t m = MDL_WINOGRAD_M;
     return ((ho + m - 1) / m) * ((wo + m - 1) / m);
 }
 static int64_t wino_sums_images(const mdl_conv2d_shape *s, int64_t tiles)
 {
-    int64_t nb = WINO_SUMS_BYTES / (36 * tiles * (s->c_in + s->c_out) * (int64_t)sizeof(float));
+    int64_t nb = WINO_SUMS_BYTES / (mdl_winograd_points(s) * tiles * (s->c_in + s->c_out) *
+                                    (int64_t)sizeof(float));
     if (nb < 1 || s->n < 1) return 1;
     const int64_t chunks = (s->n + nb - 1) / nb;
     return (s->n + chunks - 1) / chunks; /* chunks of equal size, but for the last */
@@ -356,9 +357,10 @@ static sums_layout wino_sums_layout(const mdl_conv2d_shape *s, int64_t ho, int64
     L.images = wino_sums_images(s, L.tiles);
     const int64_t rows = L.images * L.tiles;
     const int64_t last = (s->n % L.images ? s->n % L.images : L.images) * L.tiles;
-    L.m = FLOATS(36 * rows * s->c_in);
-    L.du = L.m + FLOATS(36 * rows * s->c_out);
-    L.gws = L.du + (grad ? FLOATS(36 * s->c_in * s->c_out) : 0);
+    const int64_t xi = mdl_winograd_points(s);
+    L.m = FLOATS(xi * rows * s->c_in);
+    L.du = L.m + FLOATS(xi * rows * s->c_out);
+    L.gws = L.du + (grad ? FLOATS(xi * s->c_in * s->c_out) : 0);
     L.gbytes = 0;
     for (int64_t c = rows, pass = 0; pass < 2; pass++, c = last)
         L.gbytes = max_size(L.gbytes, grad ? mdl_sgemm_workspace_size(s->c_in, s->c_out, c)
@@ -387,7 +389,7 @@ static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, 
 }
 
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
- * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512
+ * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(4x4, 5x5) with channels in AVX-512
  * vectors (winograd_avx512.c) or, at the AVX2 level, in AVX2 vectors (winograd8_avx2.c);
  * the channel ones are taken before the other where the CPU and the shape allow it.
  * grad: for the weight gradient (its own channel limit). */
@@ -1195,19 +1197,20 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
                              float *ws, size_t stride, int nt, int avx512)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, pairs = c_in * c_out;
+    const int64_t xi = mdl_winograd_points(s);
     const int64_t group = (avx512 ? mdl_winograd_avx512_group : mdl_winograd8_group)(s, g->ho,
                                                                                       g->wo, 1);
 #pragma omp parallel num_threads(nt)
     {
         int t, T;
         MDL_THREAD_ID(t, T);
-        double *du = (double *)(ws + t * stride); /* 36 transform points x pairs */
-        memset(du, 0, (size_t)(36 * pairs) * sizeof(double));
+        double *du = (double *)(ws + t * stride); /* transform points x pairs */
+        memset(du, 0, (size_t)(xi * pairs) * sizeof(double));
         const int64_t b1 = s->n * (t + 1) / T;
         for (int64_t b = s->n * t / T; b < b1; b += group)
             (avx512 ? mdl_winograd_avx512_grad_images : mdl_winograd8_grad_images)(
                 s, g->ho, g->wo, b1 - b < group ? b1 - b : group, x + b * c_in * s->h * s->w, in,
-                dy + b * c_out * g->P, du, (float *)(du + 36 * pairs));
+                dy + b * c_out * g->P, du, (float *)(du + xi * pairs));
 #pragma omp barrier
         /* the channel pairs in whole vectors of output channels */
         const int64_t vl = avx512 ? 16 : 8, units = pairs / vl;
@@ -1230,7 +1233,7 @@ static void sums_tiles(const mdl_conv2d_shape *s, const conv_geom *g, int64_t b,
                        const float *x, const mdl_affine *in, const float *dy, float *v,
                        float *dm, float *ws, int nt, int avx512)
 {
-    const int64_t tiles = wino_tiles(s, g->ho, g->wo);
+    const int64_t tiles = wino_tiles(s, g->ho, g->wo), xi = mdl_winograd_points(s);
     float *bufs = ws + g->fixed / sizeof(float);
     const size_t stride = g->per_thread / sizeof(float);
 #pragma omp parallel num_threads(nt)
@@ -1240,11 +1243,11 @@ static void sums_tiles(const mdl_conv2d_shape *s, const conv_geom *g, int64_t b,
         const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
         (avx512 ? mdl_winograd_avx512_tiles_v : mdl_winograd8_tiles_v)(
             s, g->ho, g->wo, hi - lo, x + lo * s->c_in * s->h * s->w, in,
-            v + (lo - b) * tiles * 36 * s->c_in, bufs + t * stride);
+            v + (lo - b) * tiles * xi * s->c_in, bufs + t * stride);
         if (dy)
             (avx512 ? mdl_winograd_avx512_tiles_dm : mdl_winograd8_tiles_dm)(
                 s, g->ho, g->wo, hi - lo, dy + lo * s->c_out * g->P,
-                dm + (lo - b) * tiles * 36 * s->c_out, bufs + t * stride);
+                dm + (lo - b) * tiles * xi * s->c_out, bufs + t * stride);
     }
 }
 
@@ -1255,12 +1258,13 @@ static mdl_status sums_gemms(const mdl_conv2d_shape *s, int grad, int64_t rows, 
                              const float *b, float *c, float beta, float *gws, size_t gbytes)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, cc = c_in * c_out;
+    const int64_t np = mdl_winograd_points(s);
     mdl_status st = MDL_OK;
-    for (int64_t xi = 0; xi < 36 && st == MDL_OK; xi++)
-        st = grad ? mdl_sgemm(1, 0, c_in, c_out, rows, 1.0f, v + xi * c_in, 36 * c_in,
-                              b + xi * c_out, 36 * c_out, beta, c + xi * cc, c_out, gws, gbytes)
-                  : mdl_sgemm(0, 0, rows, c_out, c_in, 1.0f, v + xi * c_in, 36 * c_in,
-                              b + xi * cc, c_out, 0.0f, c + xi * c_out, 36 * c_out, gws, gbytes);
+    for (int64_t xi = 0; xi < np && st == MDL_OK; xi++)
+        st = grad ? mdl_sgemm(1, 0, c_in, c_out, rows, 1.0f, v + xi * c_in, np * c_in,
+                              b + xi * c_out, np * c_out, beta, c + xi * cc, c_out, gws, gbytes)
+                  : mdl_sgemm(0, 0, rows, c_out, c_in, 1.0f, v + xi * c_in, np * c_in,
+                              b + xi * cc, c_out, 0.0f, c + xi * c_out, np * c_out, gws, gbytes);
     return st;
 }
 
@@ -1277,7 +1281,7 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
 {
     const int64_t c_out = s->c_out, P = g->P;
     const sums_layout L = wino_sums_layout(s, g->ho, g->wo, 0);
-    const int64_t tiles = L.tiles, nbw = L.images;
+    const int64_t tiles = L.tiles, nbw = L.images, xi = mdl_winograd_points(s);
     float *v = shared, *m = shared + L.m, *gws = shared + L.gws;
     const size_t gbytes = L.gbytes;
     nt = sums_threads(g, avail, nt);
@@ -1292,7 +1296,7 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
             MDL_THREAD_ID(t, T);
             const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
             (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
-                s, g->ho, g->wo, hi - lo, m + (lo - b) * tiles * 36 * c_out, bias, relu,
+                s, g->ho, g->wo, hi - lo, m + (lo - b) * tiles * xi * c_out, bias, relu,
                 sums ? sums + lo * 2 * c_out : NULL, beta != 0.0f, y + lo * c_out * P);
         }
     }
@@ -1323,7 +1327,7 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
     }
     if (st != MDL_OK) return st;
     const int64_t vl = avx512 ? 16 : 8, units = cc / vl;
-#pragma omp parallel num_threads(mdl_threads_for((double)cc * 36 * 8))
+#pragma omp parallel num_threads(mdl_threads_for((double)cc * mdl_winograd_points(s) * 8))
     {
         int t, T;
         MDL_THREAD_ID(t, T);

@@ -75,7 +75,7 @@ void mdl_winograd_weights(const mdl_conv2d_shape *s, const float *w, float *fixe
 /* y (c_out, ho, wo) of one image x (c_in, h, w), with the epilogue ep (or NULL) */
 void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *fixed,
                         const float *x, const mdl_epilogue *ep, float *y, float *buf);
-/* Winograd F(4x4, 3x3) and F(2x2, 5x5) with 16 channels to a vector (winograd_avx512.c):
+/* Winograd F(4x4, 3x3) and F(4x4, 5x5) with 16 channels to a vector (winograd_avx512.c):
  * stride 1, padding < kernel, c_in and c_out multiples of 16.  The weights are transformed once per
  * call into `u` (fixed_floats); a call takes up to `group` images (grad 0; grad 1: the
  * weight gradient's calls, mdl_winograd_avx512_grad_images), with thread_floats
@@ -85,15 +85,21 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * image's channel sums and sums of squares of y. */
 /* The functions of one instantiation of winograd_channels.h, named P##_X.  Their
  * weight gradient: each thread adds, per call of up to `group` images, the
- * transformed gradient dU (36, c_in, c_out), in double, of `images` images x (read
+ * transformed gradient dU (points, c_in, c_out), in double, of `images` images x (read
  * through in) and dy (c_out, ho, wo) to its part `du` (zeroed by the caller), with
  * grad_thread_floats of scratch (du included, first); grad_finish sets or adds to dw
  * (c_out, c_in, kh, kw) the sum of the nparts parts (part_stride doubles apart), plus
  * the float dU `single` unless NULL, for the channel pairs ci * c_out + co in [lo, hi),
  * lo and hi multiples of the channels to a vector (16 or 8).  For many channels, the
- * steps around SGEMMs over all the tiles of `images` images (tile-major: rows of 36 c_in
- * or 36 c_out floats): tiles_v writes V and tiles_dm dM (each with tiles_floats of
+ * steps around SGEMMs over all the tiles of `images` images (tile-major: rows of points
+ * c_in or points c_out floats): tiles_v writes V and tiles_dm dM (each with tiles_floats of
  * scratch), tiles_y gives y from M with the epilogue of _images. */
+#define MDL_WINOGRAD_M 4 /* outputs per side of a tile */
+/* transform points of a tile: 6 x 6 for F(4x4, 3x3), 8 x 8 for F(4x4, 5x5) */
+static inline int64_t mdl_winograd_points(const mdl_conv2d_shape *s)
+{
+    return (MDL_WINOGRAD_M + s->kh - 1) * (MDL_WINOGRAD_M + s->kh - 1);
+}
 #define MDL_WINOGRAD_CHANNELS_DECLARE(P)                                                     \
     int P##_applies(const mdl_conv2d_shape *s);                                             \
     size_t P##_fixed_floats(const mdl_conv2d_shape *s);                                     \

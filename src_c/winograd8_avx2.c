@@ -1,5 +1,5 @@
 /* winograd8_avx2.c -- 3x3 and 5x5 convolutions with stride 1 by Winograd's F(4x4, 3x3)
- * and F(2x2, 5x5), 8 channels to a vector (compiled with -mavx2 -mfma).
+ * and F(4x4, 5x5), 8 channels to a vector (compiled with -mavx2 -mfma).
  *
  * The method of winograd_avx512.c with AVX2's 8-float vectors, for CPUs without
  * AVX-512, from the same code (winograd_avx512.c's steps, written once in

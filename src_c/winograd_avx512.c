@@ -1,16 +1,19 @@
 /* winograd_avx512.c -- 3x3 and 5x5 convolutions with stride 1 by Winograd's minimal
- * filtering F(4x4, 3x3) and F(2x2, 5x5), 16 channels to a vector (compiled with
+ * filtering F(4x4, 3x3) and F(4x4, 5x5), 16 channels to a vector (compiled with
  * -mavx512f).
  *
- * Each m x m block of outputs ("tile"; m = 4 for r = 3, 2 for r = 5) comes from the
- * 6x6 block d of the padded input that starts at its top-left corner:
+ * Each 4x4 block of outputs ("tile") comes from the A x A block d of the padded input
+ * that starts at its top-left corner (A = 4 + r - 1: 6 for r = 3, 8 for r = 5):
  *     Y = A^T [ (G g G^T) (.) (B^T d B) ] A,
- * 36 multiplications per channel pair instead of 144 (r = 3) or 100 (r = 5).
- * Summed over the input channels, (.) becomes 36 independent products, one per
+ * A^2 multiplications per channel pair instead of 16 r^2 (36 for 144, 64 for 400).
+ * Summed over the input channels, (.) becomes A^2 independent products, one per
  * transform point xi:
  *     M_xi (tiles, c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out).
- * Both use the points 0, 1, -1, 2, -2 and infinity, so they share B (Lavin and
- * Gray's matrices for F(4x4, 3x3)); G and A follow from r and m.
+ * F(4x4, 3x3) takes Lavin and Gray's matrices (the points 0, 1, -1, 2, -2 and
+ * infinity); F(4x4, 5x5) the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity, whose B^T
+ * is that of F(6x6, 3x3), with G and A^T worked out for it.  In float32 its errors are
+ * about 1.4 times those of F(2x2, 5x5), which it replaced (bench/NOTES.md): a tile of
+ * 16 outputs takes 64 products where F(2x2, 5x5) took 144.
  *
  * winograd_avx2.c puts tiles in the vectors; its transforms, which gather every
  * other column of the image, cost more than they save below 64 channels.  Here the
@@ -19,7 +22,7 @@
  *   1. the images are transposed to (rows, columns, c_in), zero-padded, the input
  *      map (a BatchNorm's normalisation and ReLU) applied on the way;
  *   2. per chunk of tiles (V and M sized to stay in L2): V = B^T d B per tile and
- *      block of 16 input channels; the 36 products, register-blocked as 24
+ *      block of 16 input channels; the A^2 products, register-blocked as 24
  *      vectors of M (tiles x output channels); Y = A^T M A per tile and block of
  *      16 output channels, then bias, ReLU and the channel sums with the channels
  *      in the lanes, and back to NCHW rows (16 x 16 transposes: per row of tiles side

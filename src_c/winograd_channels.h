@@ -1,4 +1,4 @@
-/* winograd_channels.h -- Winograd F(4x4, 3x3) and F(2x2, 5x5) with channels in the
+/* winograd_channels.h -- Winograd F(4x4, 3x3) and F(4x4, 5x5) with channels in the
  * vectors, written once for both vector widths: winograd_avx512.c (16 channels to a zmm)
  * and winograd8_avx2.c (8 to a ymm) define, then include this:
  *
@@ -21,17 +21,18 @@
 #define MDL_WINOGRAD_CHANNELS_H
 
 #define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
-#define XI 36                                      /* transform points, 6 x 6 */
+#define XI_MAX 64                                  /* transform points, at most 8 x 8 */
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
 /* The weight gradient's chunks are twice as large from c_in c_out = 64 x 128: each
- * chunk adds its products to the thread's partial dU in double (36 c_in c_out of them,
- * 2.4 MB there), so fewer, longer chunks read and write it less often; with fewer
+ * chunk adds its products to the thread's partial dU in double (36 c_in c_out of them
+ * for 3x3, 2.4 MB there), so fewer, longer chunks read and write it less often; with fewer
  * channels the larger V and dM cost more than that saves (bench/NOTES.md) */
 #define GRAD_CHUNK_BYTES (512 << 10)
 #define GRAD_CHUNK_MIN_CC (64 * 128)
 
 typedef struct wino_geom {
-    int64_t m;          /* outputs per tile side: 4 (3x3) or 2 (5x5) */
+    int64_t m;          /* outputs per tile side: 4 */
+    int64_t a, xi;      /* transform points per side (6 for 3x3, 8 for 5x5), in all a^2 */
     int64_t th, tw, T;  /* tile rows and columns of an image, tiles per image */
     int64_t hp, wp;     /* rows and columns of a transposed image: m th + r - 1, m tw + r - 1 */
     int64_t group;      /* images per call */
@@ -42,7 +43,9 @@ typedef struct wino_geom {
 static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
 {
     wino_geom g;
-    g.m = s->kh == 3 ? 4 : 2;
+    g.m = MDL_WINOGRAD_M;
+    g.a = g.m + s->kh - 1;
+    g.xi = mdl_winograd_points(s);
     g.th = (ho + g.m - 1) / g.m;
     g.tw = (wo + g.m - 1) / g.m;
     g.T = g.th * g.tw;
@@ -50,7 +53,7 @@ static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int gra
     g.wp = g.m * g.tw + s->kw - 1;
     const int big = grad && s->c_in * s->c_out >= GRAD_CHUNK_MIN_CC;
     const int64_t c = (big ? GRAD_CHUNK_BYTES : CHUNK_BYTES) /
-                      (XI * (int64_t)sizeof(float) * (s->c_in + s->c_out));
+                      (g.xi * (int64_t)sizeof(float) * (s->c_in + s->c_out));
     g.chunk = c < 1 ? 1 : c;
     g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
     if (g.group > s->n && s->n > 0) g.group = s->n;
@@ -67,7 +70,7 @@ int WINO_NAME(applies)(const mdl_conv2d_shape *s)
 
 size_t WINO_NAME(fixed_floats)(const mdl_conv2d_shape *s)
 {
-    return FL(XI * s->c_in * s->c_out);
+    return FL(mdl_winograd_points(s) * s->c_in * s->c_out);
 }
 
 int64_t WINO_NAME(group)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int grad)
@@ -77,8 +80,8 @@ int64_t WINO_NAME(group)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int 
 
 static size_t thread_floats(const wino_geom g, const mdl_conv2d_shape *s)
 {
-    return FL(g.group * g.hp * g.wp * s->c_in) + FL(XI * g.chunk * s->c_in) +
-           FL(XI * g.chunk * s->c_out);
+    return FL(g.group * g.hp * g.wp * s->c_in) + FL(g.xi * g.chunk * s->c_in) +
+           FL(g.xi * g.chunk * s->c_out);
 }
 
 size_t WINO_NAME(thread_floats)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
@@ -86,18 +89,21 @@ size_t WINO_NAME(thread_floats)(const mdl_conv2d_shape *s, int64_t ho, int64_t w
     return thread_floats(geom(s, ho, wo, 0), s);
 }
 
-/* G for r = 3 (the first 3 columns) and r = 5 */
-static const double G3[6][5] = {{1.0 / 4, 0, 0},
+/* G for F(4x4, 3x3) (6 x 3, Lavin and Gray's) and F(4x4, 5x5) (8 x 5: the points 0, 1,
+ * -1, 2, -2, 1/2, -1/2 and infinity, scaled to go with the B^T of bt8) */
+static const double G3[8][5] = {{1.0 / 4, 0, 0},
                                 {-1.0 / 6, -1.0 / 6, -1.0 / 6},
                                 {-1.0 / 6, 1.0 / 6, -1.0 / 6},
                                 {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                 {1.0 / 24, -1.0 / 12, 1.0 / 6},
                                 {0, 0, 1}};
-static const double G5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
-                                {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
-                                {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
+static const double G5[8][5] = {{1, 0, 0, 0, 0},
+                                {-2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9},
+                                {-2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9},
+                                {1.0 / 90, 1.0 / 45, 2.0 / 45, 4.0 / 45, 8.0 / 45},
+                                {1.0 / 90, -1.0 / 45, 2.0 / 45, -4.0 / 45, 8.0 / 45},
+                                {32.0 / 45, 16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45},
+                                {32.0 / 45, -16.0 / 45, 8.0 / 45, -4.0 / 45, 2.0 / 45},
                                 {0, 0, 0, 0, 1}};
 
 /* U_xi[ci][co] = (G g G^T)[xi] for the filter g = w[co][ci], VL output channels to a
@@ -105,10 +111,10 @@ static const double G5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
 void WINO_NAME(weights)(const mdl_conv2d_shape *s, const float *w, float *u)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out;
-    const int r = (int)s->kh;
+    const int r = (int)s->kh, na = MDL_WINOGRAD_M + r - 1;
     const double (*G)[5] = r == 3 ? G3 : G5;
-    float gf[6][5];
-    for (int i = 0; i < 6; i++)
+    float gf[8][5];
+    for (int i = 0; i < 8; i++)
         for (int k = 0; k < 5; k++) gf[i][k] = (float)G[i][k];
     const vi lanes = v_lane_index((int)(c_in * r * r));
     const int nt = mdl_threads_for((double)c_out * c_in * 400);
@@ -116,21 +122,21 @@ void WINO_NAME(weights)(const mdl_conv2d_shape *s, const float *w, float *u)
     for (int64_t ci = 0; ci < c_in; ci++)
         for (int64_t co = 0; co < c_out; co += VL) {
             const float *g0 = w + (co * c_in + ci) * r * r;
-            vf g[25], t[6][5]; /* the filters, then G g */
+            vf g[25], t[8][5]; /* the filters, then G g */
             for (int q = 0; q < r * r; q++) g[q] = v_gather(g0 + q, lanes);
-            for (int i = 0; i < 6; i++)
+            for (int i = 0; i < na; i++)
                 for (int j = 0; j < r; j++) {
                     vf acc = v_zero();
                     for (int k = 0; k < r; k++)
                         acc = v_fmadd(v_set1(gf[i][k]), g[k * r + j], acc);
                     t[i][j] = acc;
                 }
-            for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 6; j++) {
+            for (int i = 0; i < na; i++)
+                for (int j = 0; j < na; j++) {
                     vf acc = v_zero();
                     for (int k = 0; k < r; k++)
                         acc = v_fmadd(t[i][k], v_set1(gf[j][k]), acc);
-                    v_storeu(u + ((i * 6 + j) * c_in + ci) * c_out + co, acc);
+                    v_storeu(u + ((i * na + j) * c_in + ci) * c_out + co, acc);
                 }
         }
 }
@@ -212,39 +218,72 @@ static inline __attribute__((always_inline)) void bt6(const vf d[6], vf t[6])
     t[5] = v_fmadd(c4, d[1], v_fmadd(m5, d[3], d[5]));
 }
 
-/* o = A^T m: MO vectors (4 for F(4x4, 3x3), 2 for F(2x2, 5x5)) from 6 */
-static inline __attribute__((always_inline)) void at6(const int MO, const vf m[6], vf *o)
+/* t = B^T d for 8 vectors (the points 0, 1, -1, 2, -2, 1/2, -1/2, infinity; the B^T of
+ * F(6x6, 3x3), which has the same points) */
+static inline __attribute__((always_inline)) void bt8(const vf d[8], vf t[8])
+{
+    const vf c21 = v_set1(21.0f / 4), c17 = v_set1(-17.0f / 4), c54 = v_set1(-5.0f / 4);
+    const vf c52 = v_set1(-5.0f / 2), half = v_set1(0.5f);
+    const vf q = v_set1(0.25f), four = v_set1(4.0f), m5 = v_set1(-5.0f);
+    t[0] = v_fmadd(c21, v_sub(d[4], d[2]), v_sub(d[0], d[6]));
+    t[7] = v_fmadd(c21, v_sub(d[3], d[5]), v_sub(d[7], d[1]));
+    const vf a1 = v_fmadd(c17, d[4], v_add(d[2], d[6]));
+    const vf b1 = v_fmadd(c17, d[3], v_add(d[1], d[5]));
+    t[1] = v_add(a1, b1);
+    t[2] = v_sub(a1, b1);
+    const vf a2 = v_fmadd(c54, d[4], v_fmadd(q, d[2], d[6]));
+    const vf b2 = v_fmadd(half, d[1], v_fmadd(c52, d[3], v_add(d[5], d[5])));
+    t[3] = v_add(a2, b2);
+    t[4] = v_sub(a2, b2);
+    const vf a3 = v_fmadd(m5, d[4], v_fmadd(four, d[2], d[6]));
+    const vf b3 = v_fmadd(half, d[5], v_fmadd(c52, d[3], v_add(d[1], d[1])));
+    t[5] = v_add(a3, b3);
+    t[6] = v_sub(a3, b3);
+}
+
+/* o = A^T m: the 4 outputs from the 6 points of F(4x4, 3x3) */
+static inline __attribute__((always_inline)) void at6(const vf m[6], vf o[4])
 {
     const vf a = v_add(m[1], m[2]), b = v_sub(m[1], m[2]);
     const vf c = v_add(m[3], m[4]), d = v_sub(m[3], m[4]);
-    const vf two = v_set1(2.0f);
     o[0] = v_add(v_add(m[0], a), c);
-    if (MO == 2) {
-        o[1] = v_add(v_fmadd(two, d, b), m[5]);
-        return;
-    }
-    o[1] = v_fmadd(two, d, b);
+    o[1] = v_fmadd(v_set1(2.0f), d, b);
     o[2] = v_fmadd(v_set1(4.0f), c, a);
     o[3] = v_add(v_fmadd(v_set1(8.0f), d, b), m[5]);
 }
 
-/* V_xi[t] = (B^T d B)[xi] for the tile whose 6x6 block starts at d (in a transposed
- * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], the tile's 36
+/* o = A^T m: the 4 outputs from the 8 points of F(4x4, 5x5) */
+static inline __attribute__((always_inline)) void at8(const vf m[8], vf o[4])
+{
+    const vf s1 = v_add(m[1], m[2]), d1 = v_sub(m[1], m[2]);
+    const vf s2 = v_add(m[3], m[4]), d2 = v_sub(m[3], m[4]);
+    const vf s3 = v_add(m[5], m[6]), d3 = v_sub(m[5], m[6]);
+    o[0] = v_add(v_add(m[0], s1), v_add(s2, s3));
+    o[1] = v_fmadd(v_set1(0.5f), d3, v_fmadd(v_set1(2.0f), d2, d1));
+    o[2] = v_fmadd(v_set1(0.25f), s3, v_fmadd(v_set1(4.0f), s2, s1));
+    o[3] = v_add(v_fmadd(v_set1(0.125f), d3, v_fmadd(v_set1(8.0f), d2, d1)), m[7]);
+}
+
+/* V_xi[t] = (B^T d B)[xi] for the tile whose A x A block starts at d (in a transposed
+ * image, pixels c_in floats apart, rows wp pixels apart); v = V_0[t], the tile's A^2
  * points c_in floats apart (V is tile-major: the stores are contiguous) */
-static void input_tile(int64_t c_in, int64_t wp, const float *d, float *v)
+static inline __attribute__((always_inline)) void
+input_tile(const int A, int64_t c_in, int64_t wp, const float *d, float *v)
 {
     for (int64_t cb = 0; cb < c_in; cb += VL) {
-        vf e[6][6];
-        for (int a = 0; a < 6; a++) {
-            vf row[6];
-            for (int b = 0; b < 6; b++) row[b] = v_loadu(d + (a * wp + b) * c_in + cb);
-            bt6(row, e[a]);
+        vf e[8][8];
+        for (int a = 0; a < A; a++) {
+            vf row[8];
+            for (int b = 0; b < A; b++) row[b] = v_loadu(d + (a * wp + b) * c_in + cb);
+            if (A == 6) bt6(row, e[a]);
+            else bt8(row, e[a]);
         }
-        for (int j = 0; j < 6; j++) {
-            vf col[6], out[6];
-            for (int a = 0; a < 6; a++) col[a] = e[a][j];
-            bt6(col, out);
-            for (int i = 0; i < 6; i++) v_storeu(v + (i * 6 + j) * c_in + cb, out[i]);
+        for (int j = 0; j < A; j++) {
+            vf col[8], out[8];
+            for (int a = 0; a < A; a++) col[a] = e[a][j];
+            if (A == 6) bt6(col, out);
+            else bt8(col, out);
+            for (int i = 0; i < A; i++) v_storeu(v + (i * A + j) * c_in + cb, out[i]);
         }
     }
 }
@@ -286,15 +325,15 @@ block(const int GRAD, const int CB, const int TB, int64_t K, int64_t vs, int64_t
         }
 }
 
-/* The 36 products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of ACC / CB,
+/* The XI products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of ACC / CB,
  * the rest in blocks of 16, 8, 4, 2 and 1 */
 static inline __attribute__((always_inline)) void
-products_cb(const int GRAD, const int CB, int64_t n, int64_t c_in, int64_t c_out, const float *v,
-            const float *b, float *m, double *du)
+products_cb(const int GRAD, const int CB, int64_t XI, int64_t n, int64_t c_in, int64_t c_out,
+            const float *v, const float *b, float *m, double *du)
 {
     const int TBM = ACC / CB;
     const int64_t rows = GRAD ? c_in : n, K = GRAD ? n : c_in;
-    /* V, M and dM tile-major (a tile's 36 points together), U and dU point-major */
+    /* V, M and dM tile-major (a tile's XI points together), U and dU point-major */
     const int64_t vs = XI * c_in, bs = GRAD ? XI * c_out : c_out, os = GRAD ? c_out : XI * c_out;
     for (int64_t xi = 0; xi < XI; xi++) {
         const float *vx = v + xi * c_in, *bx = b + (GRAD ? xi * c_out : xi * c_in * c_out);
@@ -318,43 +357,46 @@ products_cb(const int GRAD, const int CB, int64_t n, int64_t c_in, int64_t c_out
     }
 }
 
-static void products(int grad, int64_t n, int64_t c_in, int64_t c_out, const float *v,
-                     const float *b, float *m, double *du)
+static void products(int grad, int64_t xi, int64_t n, int64_t c_in, int64_t c_out,
+                     const float *v, const float *b, float *m, double *du)
 {
     const int cb = CB_MAX >= 4 && c_out % (4 * VL) == 0 ? 4 : c_out % (2 * VL) == 0 ? 2 : 1;
 #define CASE(G, CB) \
-    if (grad == G && cb == CB) products_cb(G, CB, n, c_in, c_out, v, b, m, du);
+    if (grad == G && cb == CB) products_cb(G, CB, xi, n, c_in, c_out, v, b, m, du);
     CASE(0, 4) CASE(0, 2) CASE(0, 1) CASE(1, 4) CASE(1, 2) CASE(1, 1)
 #undef CASE
 }
 
-/* o[MO r + c] = output (r, c) of one tile, VL channels from co, from m = M_0[t] (points
- * c_out floats apart): Y = A^T M A, then bias, ReLU and the channel sums (sums[0 .. c_out)
- * and sumsq = sums + c_out, of the nr x nc outputs inside the image) */
+/* o[4 r + c] = output (r, c) of one tile, VL channels from co, from m = M_0[t] (its A^2
+ * points c_out floats apart): Y = A^T M A, then bias, ReLU and the channel sums
+ * (sums[0 .. c_out) and sumsq = sums + c_out, of the nr x nc outputs inside the image) */
 static inline __attribute__((always_inline)) void
-tile_outputs(const int MO, int64_t c_out, int64_t co, const float *m, const float *bias,
+tile_outputs(const int A, int64_t c_out, int64_t co, const float *m, const float *bias,
              int relu, double *sums, int64_t nr, int64_t nc, vf *o)
 {
     const vf zero = v_zero();
-    const int np = MO * MO;
-    vf f[4][6];
-    for (int j = 0; j < 6; j++) {
-        vf col[6], rm[4];
-        for (int i = 0; i < 6; i++) col[i] = v_loadu(m + (i * 6 + j) * c_out + co);
-        at6(MO, col, rm);
-        for (int r = 0; r < MO; r++) f[r][j] = rm[r];
+    vf f[4][8];
+    for (int j = 0; j < A; j++) {
+        vf col[8], rm[4];
+        for (int i = 0; i < A; i++) col[i] = v_loadu(m + (i * A + j) * c_out + co);
+        if (A == 6) at6(col, rm);
+        else at8(col, rm);
+        for (int r = 0; r < 4; r++) f[r][j] = rm[r];
     }
-    for (int r = 0; r < MO; r++) at6(MO, f[r], o + MO * r);
+    for (int r = 0; r < 4; r++) {
+        if (A == 6) at6(f[r], o + 4 * r);
+        else at8(f[r], o + 4 * r);
+    }
     if (bias) {
         const vf b = v_loadu(bias + co);
-        for (int p = 0; p < np; p++) o[p] = v_add(o[p], b);
+        for (int p = 0; p < 16; p++) o[p] = v_add(o[p], b);
     }
     if (relu)
-        for (int p = 0; p < np; p++) o[p] = v_max(o[p], zero);
+        for (int p = 0; p < 16; p++) o[p] = v_max(o[p], zero);
     if (sums) {
         vf s = zero, q = zero;
-        for (int p = 0; p < np; p++)
-            if (p / MO < nr && p % MO < nc) {
+        for (int p = 0; p < 16; p++)
+            if (p / 4 < nr && p % 4 < nc) {
                 s = v_add(s, o[p]);
                 q = v_fmadd(o[p], o[p], q);
             }
@@ -363,27 +405,16 @@ tile_outputs(const int MO, int64_t c_out, int64_t co, const float *m, const floa
     }
 }
 
-/* The MO x MO outputs of one tile (tile_outputs) written to y (the tile's top-left output
+/* The 4 x 4 outputs of one tile (tile_outputs) written to y (the tile's top-left output
  * of channel 0, planes P floats apart, rows wo apart), or added to it (accumulate: no
  * epilogue then) */
 static inline __attribute__((always_inline)) void
-output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int relu,
+output_tile(const int A, int64_t c_out, const float *m, const float *bias, int relu,
             double *sums, int accumulate, int64_t nr, int64_t nc, int64_t P, int64_t wo, float *y)
 {
     for (int64_t co = 0; co < c_out; co += VL) {
         vf o[16];
-        tile_outputs(MO, c_out, co, m, bias, relu, sums, nr, nc, o);
-        if (MO == 2) { /* 4 outputs per channel: through memory */
-            float t[4][VL] __attribute__((aligned(64)));
-            for (int p = 0; p < 4; p++) v_store(t[p], o[p]);
-            for (int k = 0; k < VL; k++)
-                for (int r = 0; r < nr; r++)
-                    for (int c = 0; c < nc; c++) {
-                        float *d = y + (co + k) * P + r * wo + c;
-                        *d = accumulate ? *d + t[2 * r + c][k] : t[2 * r + c][k];
-                    }
-            continue;
-        }
+        tile_outputs(A, c_out, co, m, bias, relu, sums, nr, nc, o);
         const __m128i cols = _mm_cmpgt_epi32(_mm_set1_epi32((int)nc), _mm_setr_epi32(0, 1, 2, 3));
         v_tile_transpose(o);
         for (int k = 0; k < VL; k++) {
@@ -404,27 +435,27 @@ output_tile(const int MO, int64_t c_out, const float *m, const float *bias, int 
     }
 }
 
-/* SPAN / MO whole tiles side by side (M of the first at m, of the next XI c_out floats
+/* SPAN / 4 whole tiles side by side (M of the first at m, of the next A^2 c_out floats
  * on), as output_tile: each VL / SPAN rows of their outputs are transposed at once, so
  * that a channel's VL outputs there go to y in one vector store (SPAN < VL: the tiles
  * are a whole row of tiles of an image SPAN wide, whose rows follow one another).
- * Tile by tile, a line of y took MO-float stores from several tiles, and at 32 x 32
- * outputs the VL planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there,
- * F(2x2, 5x5) at 16 x 16 1.04-1.06x (bench/NOTES.md) */
+ * Tile by tile, a line of y took 4-float stores from several tiles, and at 32 x 32
+ * outputs the VL planes are 4 KiB apart, in the same L1 sets: 1.11-1.16x there
+ * (bench/NOTES.md) */
 static inline __attribute__((always_inline)) void
-output_tile_row(const int MO, const int SPAN, int64_t c_out, const float *m, const float *bias,
+output_tile_row(const int A, const int SPAN, int64_t c_out, const float *m, const float *bias,
                 int relu, double *sums, int accumulate, int64_t P, int64_t wo, float *y)
 {
-    const int np = MO * MO, K = VL / SPAN; /* K rows per vector */
+    const int K = VL / SPAN; /* K rows per vector */
     for (int64_t co = 0; co < c_out; co += VL) {
-        vf o[4 * VL]; /* tile g's outputs at o + g np */
-        for (int g = 0; g < SPAN / MO; g++)
-            tile_outputs(MO, c_out, co, m + g * XI * c_out, bias, relu, sums, MO, MO, o + g * np);
-        for (int r0 = 0; r0 < MO; r0 += K) {
+        vf o[4 * VL]; /* tile g's outputs at o + 16 g */
+        for (int g = 0; g < SPAN / 4; g++)
+            tile_outputs(A, c_out, co, m + g * A * A * c_out, bias, relu, sums, 4, 4, o + g * 16);
+        for (int r0 = 0; r0 < 4; r0 += K) {
             vf w[VL];
             for (int j = 0; j < VL; j++) {
                 const int r = r0 + j / SPAN, c = j % SPAN;
-                w[j] = o[c / MO * np + MO * r + c % MO];
+                w[j] = o[c / 4 * 16 + 4 * r + c % 4];
             }
             v_transpose(w);
             for (int k = 0; k < VL; k++) {
@@ -450,8 +481,9 @@ static void input_tiles(int64_t c_in, const wino_geom *g, const float *xt, int64
 {
     for (int64_t t = 0; t < n; t++) {
         const int64_t q = q0 + t, b = q / g->T, ty = q % g->T / g->tw, tx = q % g->tw;
-        input_tile(c_in, g->wp, xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in,
-                   v + t * XI * c_in);
+        const float *d = xt + (b * g->hp * g->wp + (ty * g->wp + tx) * g->m) * c_in;
+        if (g->a == 6) input_tile(6, c_in, g->wp, d, v + t * g->xi * c_in);
+        else input_tile(8, c_in, g->wp, d, v + t * g->xi * c_in);
     }
 }
 
@@ -463,28 +495,28 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
 {
     const int64_t P = ho * wo;
     /* outputs per row of output_tile_row's groups: VL, or an image's whole rows when VL is
-     * a multiple of its width, a multiple of m, itself a multiple of the rows per vector
+     * a multiple of its width, a multiple of 4, itself a multiple of the rows per vector
      * (0: tile by tile) */
     int64_t span = wo >= VL ? VL : wo;
-    if (VL % span || span % g->m || g->m % (VL / span)) span = 0;
+    if (VL % span || span % 4 || 4 % (VL / span)) span = 0;
     for (int64_t t = 0; t < n; t++) {
         const int64_t q = q0 + t, b = q / g->T, oh = q % g->T / g->tw * g->m;
         const int64_t ow = q % g->tw * g->m;
         const int64_t nr = ho - oh < g->m ? ho - oh : g->m, nc = wo - ow < g->m ? wo - ow : g->m;
         float *yt = y + b * c_out * P + oh * wo + ow;
         double *st = sums ? sums + b * 2 * c_out : NULL;
-        const float *mt = m + t * XI * c_out;
-        if (nr == g->m && span && ow % span == 0 && ow + span <= wo && t + span / g->m <= n) {
-#define ROW(MO, SPAN)                                                                      \
-    if ((SPAN) % (MO) == 0 && (MO) % (VL / (SPAN)) == 0 && g->m == (MO) && span == (SPAN)) \
-        output_tile_row(MO, SPAN, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
-            ROW(4, VL) ROW(4, VL / 2) ROW(4, VL / 4) ROW(2, VL) ROW(2, VL / 2)
+        const float *mt = m + t * g->xi * c_out;
+        if (nr == 4 && span && ow % span == 0 && ow + span <= wo && t + span / 4 <= n) {
+#define ROW(A, SPAN)                                                       \
+    if ((SPAN) % 4 == 0 && 4 % (VL / (SPAN)) == 0 && g->a == (A) && span == (SPAN)) \
+        output_tile_row(A, SPAN, c_out, mt, bias, relu, st, accumulate, P, wo, yt);
+            ROW(6, VL) ROW(6, VL / 2) ROW(6, VL / 4) ROW(8, VL) ROW(8, VL / 2) ROW(8, VL / 4)
 #undef ROW
-            t += span / g->m - 1;
-        } else if (g->m == 4)
-            output_tile(4, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
+            t += span / 4 - 1;
+        } else if (g->a == 6)
+            output_tile(6, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
         else
-            output_tile(2, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
+            output_tile(8, c_out, mt, bias, relu, st, accumulate, nr, nc, P, wo, yt);
     }
 }
 
@@ -495,14 +527,14 @@ void WINO_NAME(images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const 
 {
     const wino_geom g = geom(s, ho, wo, 0);
     const int64_t c_in = s->c_in, c_out = s->c_out, total = images * g.T;
-    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(XI * g.chunk * c_in);
+    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(g.xi * g.chunk * c_in);
     transpose_images(s, &g, images, x, in, xt);
     if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
     const int64_t chunks = (total + g.chunk - 1) / g.chunk;
     for (int64_t k = 0; k < chunks; k++) {
         const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
         input_tiles(c_in, &g, xt, q0, n, v);
-        products(0, n, c_in, c_out, v, u, m, NULL);
+        products(0, g.xi, n, c_in, c_out, v, u, m, NULL);
         output_tiles(c_out, &g, ho, wo, q0, n, m, bias, relu, sums, accumulate, y);
     }
 }
@@ -528,26 +560,17 @@ void WINO_NAME(tiles_y)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64
 size_t WINO_NAME(grad_thread_floats)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
     const wino_geom g = geom(s, ho, wo, 1);
-    return FL(2 * XI * s->c_in * s->c_out) + thread_floats(g, s) +
+    return FL(2 * g.xi * s->c_in * s->c_out) + thread_floats(g, s) +
            FL(g.group * g.m * g.th * g.m * g.tw * s->c_out);
 }
 
-/* t = A e for MO vectors e (A = (A^T)^T: 6 x MO) */
-static inline __attribute__((always_inline)) void a6(const int MO, const vf *e, vf t[6])
+/* t = A e for the 4 vectors e: the 6 points of F(4x4, 3x3) (A = (A^T)^T: 6 x 4) */
+static inline __attribute__((always_inline)) void a6(const vf e[4], vf t[6])
 {
-    t[0] = e[0];
-    if (MO == 2) {
-        const vf two = v_set1(2.0f);
-        t[1] = v_add(e[0], e[1]);
-        t[2] = v_sub(e[0], e[1]);
-        t[3] = v_fmadd(two, e[1], e[0]);
-        t[4] = v_fnmadd(two, e[1], e[0]);
-        t[5] = e[1];
-        return;
-    }
     const vf ev = v_add(e[0], e[2]), od = v_add(e[1], e[3]);
     const vf ev4 = v_fmadd(v_set1(4.0f), e[2], e[0]);
     const vf od2 = v_fmadd(v_set1(8.0f), e[3], v_add(e[1], e[1]));
+    t[0] = e[0];
     t[1] = v_add(ev, od);
     t[2] = v_sub(ev, od);
     t[3] = v_add(ev4, od2);
@@ -555,24 +578,44 @@ static inline __attribute__((always_inline)) void a6(const int MO, const vf *e, 
     t[5] = e[3];
 }
 
-/* dM_xi[t] = (A dY A^T)[xi] for the tile whose m x m block of dy starts at d (a transposed
- * dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t], the tile's 36
- * points c_out floats apart */
+/* the same for the 8 points of F(4x4, 5x5) */
+static inline __attribute__((always_inline)) void a8(const vf e[4], vf t[8])
+{
+    const vf ev = v_add(e[0], e[2]), od = v_add(e[1], e[3]);
+    const vf ev4 = v_fmadd(v_set1(4.0f), e[2], e[0]);
+    const vf od2 = v_fmadd(v_set1(8.0f), e[3], v_add(e[1], e[1]));
+    const vf ev_ = v_fmadd(v_set1(0.25f), e[2], e[0]);
+    const vf od_ = v_fmadd(v_set1(0.125f), e[3], v_fmadd(v_set1(0.5f), e[1], v_zero()));
+    t[0] = e[0];
+    t[1] = v_add(ev, od);
+    t[2] = v_sub(ev, od);
+    t[3] = v_add(ev4, od2);
+    t[4] = v_sub(ev4, od2);
+    t[5] = v_add(ev_, od_);
+    t[6] = v_sub(ev_, od_);
+    t[7] = e[3];
+}
+
+/* dM_xi[t] = (A dY A^T)[xi] for the tile whose 4 x 4 block of dy starts at d (a
+ * transposed dy, pixels c_out floats apart, rows cols pixels apart); dm = dM_0[t], the
+ * tile's A^2 points c_out floats apart */
 static inline __attribute__((always_inline)) void
-grad_tile(const int MO, int64_t c_out, int64_t cols, const float *d, float *dm)
+grad_tile(const int A, int64_t c_out, int64_t cols, const float *d, float *dm)
 {
     for (int64_t cb = 0; cb < c_out; cb += VL) {
-        vf e[4][6];
-        for (int r = 0; r < MO; r++) {
+        vf e[4][8];
+        for (int r = 0; r < 4; r++) {
             vf row[4];
-            for (int c = 0; c < MO; c++) row[c] = v_loadu(d + (r * cols + c) * c_out + cb);
-            a6(MO, row, e[r]);
+            for (int c = 0; c < 4; c++) row[c] = v_loadu(d + (r * cols + c) * c_out + cb);
+            if (A == 6) a6(row, e[r]);
+            else a8(row, e[r]);
         }
-        for (int j = 0; j < 6; j++) {
-            vf col[4], out[6];
-            for (int r = 0; r < MO; r++) col[r] = e[r][j];
-            a6(MO, col, out);
-            for (int i = 0; i < 6; i++) v_storeu(dm + (i * 6 + j) * c_out + cb, out[i]);
+        for (int j = 0; j < A; j++) {
+            vf col[4], out[8];
+            for (int r = 0; r < 4; r++) col[r] = e[r][j];
+            if (A == 6) a6(col, out);
+            else a8(col, out);
+            for (int i = 0; i < A; i++) v_storeu(dm + (i * A + j) * c_out + cb, out[i]);
         }
     }
 }
@@ -584,8 +627,9 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
     const wino_geom g = geom(s, ho, wo, 1);
     const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
     const int64_t rows = g.m * g.th, cols = g.m * g.tw, dyt_image = rows * cols * c_out;
-    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *dm = v + FL(XI * g.chunk * c_in);
-    float *dyt = dm + FL(XI * g.chunk * c_out);
+    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in);
+    float *dm = v + FL(g.xi * g.chunk * c_in);
+    float *dyt = dm + FL(g.xi * g.chunk * c_out);
     transpose_images(s, &g, images, x, in, xt);
     for (int64_t b = 0; b < images; b++)
         transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * P, NULL,
@@ -597,12 +641,10 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
         for (int64_t t = 0; t < n; t++) {
             const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
             const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
-            if (g.m == 4)
-                grad_tile(4, c_out, cols, d, dm + t * XI * c_out);
-            else
-                grad_tile(2, c_out, cols, d, dm + t * XI * c_out);
+            if (g.a == 6) grad_tile(6, c_out, cols, d, dm + t * g.xi * c_out);
+            else grad_tile(8, c_out, cols, d, dm + t * g.xi * c_out);
         }
-        products(1, n, c_in, c_out, v, dm, NULL, du);
+        products(1, g.xi, n, c_in, c_out, v, dm, NULL, du);
     }
 }
 
@@ -624,7 +666,7 @@ void WINO_NAME(tiles_v)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64
     const wino_geom g = geom(s, ho, wo, 1);
     for (int64_t b = 0; b < images; b++) {
         transpose_images(s, &g, 1, x + b * s->c_in * s->h * s->w, in, buf);
-        input_tiles(s->c_in, &g, buf, 0, g.T, v + b * g.T * XI * s->c_in);
+        input_tiles(s->c_in, &g, buf, 0, g.T, v + b * g.T * g.xi * s->c_in);
     }
 }
 
@@ -637,11 +679,9 @@ void WINO_NAME(tiles_dm)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int6
         transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * ho * wo, NULL, buf);
         for (int64_t t = 0; t < g.T; t++) {
             const float *d = buf + (t / g.tw * cols + t % g.tw) * g.m * c_out;
-            float *dmt = dm + (b * g.T + t) * XI * c_out;
-            if (g.m == 4)
-                grad_tile(4, c_out, cols, d, dmt);
-            else
-                grad_tile(2, c_out, cols, d, dmt);
+            float *dmt = dm + (b * g.T + t) * g.xi * c_out;
+            if (g.a == 6) grad_tile(6, c_out, cols, d, dmt);
+            else grad_tile(8, c_out, cols, d, dmt);
         }
     }
 }
@@ -651,28 +691,29 @@ void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int 
                                      int64_t hi, float *dw, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh, rr = r * r;
+    const int64_t na = MDL_WINOGRAD_M + r - 1, XI = na * na;
     const double (*G)[5] = r == 3 ? G3 : G5;
     /* VL output channels of one input channel at a time, in double lanes */
     for (int64_t e = lo; e < hi; e += VL) { /* e = ci * c_out + co */
         const int64_t ci = e / c_out, co = e % c_out;
-        double du[XI][VL], t[6][5][VL]; /* dU summed over the parts, then dU G */
+        double du[XI_MAX][VL], t[8][5][VL]; /* dU summed over the parts, then dU G */
         for (int xi = 0; xi < XI; xi++) {
             const int64_t at = (xi * c_in + ci) * c_out + co;
             for (int l = 0; l < VL; l++) du[xi][l] = single ? single[at + l] : 0.0;
             for (int p = 0; p < nparts; p++)
                 for (int l = 0; l < VL; l++) du[xi][l] += parts[at + p * part_stride + l];
         }
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < na; i++)
             for (int c = 0; c < r; c++) {
                 for (int l = 0; l < VL; l++) t[i][c][l] = 0.0;
-                for (int j = 0; j < 6; j++)
-                    for (int l = 0; l < VL; l++) t[i][c][l] += du[i * 6 + j][l] * G[j][c];
+                for (int j = 0; j < na; j++)
+                    for (int l = 0; l < VL; l++) t[i][c][l] += du[i * na + j][l] * G[j][c];
             }
         for (int k = 0; k < r; k++)
             for (int c = 0; c < r; c++) {
                 double acc[VL];
                 for (int l = 0; l < VL; l++) acc[l] = 0.0;
-                for (int i = 0; i < 6; i++)
+                for (int i = 0; i < na; i++)
                     for (int l = 0; l < VL; l++) acc[l] += G[i][k] * t[i][c][l];
                 for (int l = 0; l < VL; l++) {
                     float *d = dw + ((co + l) * c_in + ci) * rr + k * r + c;

@@ -145,7 +145,7 @@ def test_conv_threads(simd, threads, rng, case):
 
 
 # 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
-# in AVX2 vectors, and F(4x4, 3x3) / F(2x2, 5x5) with channels in AVX-512 vectors (c_in
+# in AVX2 vectors, and F(4x4, 3x3) / F(4x4, 5x5) with channels in AVX-512 vectors (c_in
 # and c_out multiples of 16) or, at the AVX2 level, AVX2 vectors (multiples of 8); odd and even output sizes, tile rows and columns that do not fill a
 # vector, few channels
 WINOGRAD = [
@@ -157,14 +157,14 @@ WINOGRAD = [
     (2, 256, 8, 8, 256, 3, 3, 1, 1),          # the same from 8 wide up to 256 x 256
     (3, 192, 6, 5, 192, 3, 3, 1, 1),          # beyond: the sums by SGEMMs, every direction
     (2, 192, 4, 4, 192, 3, 3, 1, 1),          # the same at 4x4: an image's rows to a store
-    (2, 192, 5, 7, 176, 5, 5, 1, 2),          # the same, F(2x2, 5x5)
+    (2, 192, 5, 7, 176, 5, 5, 1, 2),          # the same, F(4x4, 5x5)
     (2, 16, 7, 37, 48, 3, 3, 1, 2),           # F(4x4): partial tiles, padding 2, row tails
     (2, 16, 4, 4, 32, 3, 3, 1, 1),            # 4 rows per transposition (2 with 8 lanes)
     (1, 16, 9, 2, 16, 3, 3, 1, (2, 1)),       # 8 rows per transposition and a last one alone
     (2, 8, 7, 4, 16, 3, 3, 1, (0, 2)),        # 8 lanes: 2 rows per transposition, one alone
     (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
     (2, 8, 7, 9, 24, 3, 3, 1, 1),             # 8 channels to an AVX2 vector (winograd8_avx2.c)
-    (2, 24, 6, 5, 8, 5, 5, 1, 2),             # the same, F(2x2, 5x5)
+    (2, 24, 6, 5, 8, 5, 5, 1, 2),             # the same, F(4x4, 5x5)
     (2, 32, 5, 5, 16, 3, 3, 1, (0, 1)),       # F(4x4): no padding in one direction
     (3, 5, 7, 9, 6, 3, 3, 1, 1),              # odd output: partial tiles
     (2, 17, 8, 8, 19, 3, 3, 1, 0),            # no padding
@@ -172,9 +172,9 @@ WINOGRAD = [
     (2, 3, 3, 3, 2, 3, 3, 1, (0, 2)),         # one tile row
     (1, 9, 40, 6, 33, 3, 3, 1, (2, 1)),
     (1, 2, 1, 1, 3, 3, 3, 1, 1),              # a single pixel
-    (2, 32, 16, 16, 32, 5, 5, 1, 2),          # F(2x2, 5x5): cifar10_quick's conv2
+    (2, 32, 16, 16, 32, 5, 5, 1, 2),          # F(4x4, 5x5): cifar10_quick's conv2
     (3, 32, 8, 8, 64, 5, 5, 1, 2),            # its conv3: images grouped
-    (2, 16, 7, 9, 48, 5, 5, 1, (4, 1)),       # F(2x2, 5x5) by AVX-512: partial tiles
+    (2, 16, 7, 9, 48, 5, 5, 1, (4, 1)),       # F(4x4, 5x5) by AVX-512: partial tiles
     (2, 7, 9, 11, 5, 5, 5, 1, (4, 1)),        # odd outputs, padding up to 4
     (1, 3, 5, 6, 2, 5, 5, 1, 0),              # no padding: one output row, a partial tile
 ]

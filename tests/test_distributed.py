@@ -154,16 +154,19 @@ def _params(out):
 
 
 def _rel_diff(a, b):
-    return max(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), 1e-12)
+    return max(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), NOISE_NORM)
                for k in b if not k.endswith("num_batches_tracked"))
 
 
-# relative L2 per tensor: float32 sums taken in another order.  The weights agree to
-# about 2e-6; the largest gaps are in the tensors whose gradients are sums that cancel
-# (a convolution's bias ahead of a BatchNorm, whose exact gradient is zero, and the
-# BatchNorm shifts): 0.7-1.6e-4 after 3 steps of cifar10_full, moving with the
-# summation order of the kernels
+# relative L2 per tensor: float32 sums taken in another order.  Once the first step's
+# rounding differs, each later step's results differ by the kernels' own rounding
+# (Winograd F(4x4, 5x5): about 5e-6 of a convolution's largest output), so after 3
+# steps the weights agree to 1e-8 - 4e-5.  Tensors whose exact gradient is zero or
+# nearly (a convolution's bias ahead of a BatchNorm, the BatchNorm shifts, cifar10_quick's
+# conv1 initialised at std 1e-4) hold little but that noise, norms of 1e-4 - 5e-3: their
+# differences (up to 1.4e-6 in L2) count against NOISE_NORM instead of their own norm.
 TOL = 3e-4
+NOISE_NORM = 0.03
 
 
 @mpi
