@@ -28,7 +28,6 @@ typedef __m256i vi;
 #define v_zero _mm256_setzero_ps
 #define v_loadu _mm256_loadu_ps
 #define v_storeu _mm256_storeu_ps
-#define v_store _mm256_store_ps
 #define v_lane_index(stride) \
     _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride))
 #define v_gather(p, index) _mm256_i32gather_ps(p, index, 4)

@@ -52,7 +52,6 @@ typedef __m512i vi;
 #define v_zero _mm512_setzero_ps
 #define v_loadu _mm512_loadu_ps
 #define v_storeu _mm512_storeu_ps
-#define v_store _mm512_store_ps
 #define v_lane_index(stride)                                                                \
     _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
                        _mm512_set1_epi32(stride))

@@ -7,7 +7,7 @@
  *                   32 registers, 12 of AVX2's 16); CB_MAX the most vectors of output
  *                   channels per block (4, 2)
  *   WINO_NAME(x)    the exported name of x
- *   v_add v_sub v_fmadd v_fnmadd v_max v_set1 v_zero v_loadu v_storeu v_store
+ *   v_add v_sub v_fmadd v_fnmadd v_max v_set1 v_zero v_loadu v_storeu
  *                   the vector operations
  *   v_lane_index(stride), v_gather(p, index)   lane l: l * stride; p[index lane l]
  *   v_load_first(p, n)   the first n floats at p, zeros after (nothing past them read)
@@ -325,17 +325,17 @@ block(const int GRAD, const int CB, const int TB, int64_t K, int64_t vs, int64_t
         }
 }
 
-/* The XI products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of ACC / CB,
+/* The np products of n tiles (block's GRAD, v, b, m and du), the rows in blocks of ACC / CB,
  * the rest in blocks of 16, 8, 4, 2 and 1 */
 static inline __attribute__((always_inline)) void
-products_cb(const int GRAD, const int CB, int64_t XI, int64_t n, int64_t c_in, int64_t c_out,
+products_cb(const int GRAD, const int CB, int64_t np, int64_t n, int64_t c_in, int64_t c_out,
             const float *v, const float *b, float *m, double *du)
 {
     const int TBM = ACC / CB;
     const int64_t rows = GRAD ? c_in : n, K = GRAD ? n : c_in;
-    /* V, M and dM tile-major (a tile's XI points together), U and dU point-major */
-    const int64_t vs = XI * c_in, bs = GRAD ? XI * c_out : c_out, os = GRAD ? c_out : XI * c_out;
-    for (int64_t xi = 0; xi < XI; xi++) {
+    /* V, M and dM tile-major (a tile's np points together), U and dU point-major */
+    const int64_t vs = np * c_in, bs = GRAD ? np * c_out : c_out, os = GRAD ? c_out : np * c_out;
+    for (int64_t xi = 0; xi < np; xi++) {
         const float *vx = v + xi * c_in, *bx = b + (GRAD ? xi * c_out : xi * c_in * c_out);
         float *mx = GRAD ? NULL : m + xi * c_out;
         double *dx = GRAD ? du + xi * c_in * c_out : NULL;
@@ -357,12 +357,12 @@ products_cb(const int GRAD, const int CB, int64_t XI, int64_t n, int64_t c_in, i
     }
 }
 
-static void products(int grad, int64_t xi, int64_t n, int64_t c_in, int64_t c_out,
+static void products(int grad, int64_t np, int64_t n, int64_t c_in, int64_t c_out,
                      const float *v, const float *b, float *m, double *du)
 {
     const int cb = CB_MAX >= 4 && c_out % (4 * VL) == 0 ? 4 : c_out % (2 * VL) == 0 ? 2 : 1;
 #define CASE(G, CB) \
-    if (grad == G && cb == CB) products_cb(G, CB, xi, n, c_in, c_out, v, b, m, du);
+    if (grad == G && cb == CB) products_cb(G, CB, np, n, c_in, c_out, v, b, m, du);
     CASE(0, 4) CASE(0, 2) CASE(0, 1) CASE(1, 4) CASE(1, 2) CASE(1, 1)
 #undef CASE
 }
@@ -691,13 +691,13 @@ void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int 
                                      int64_t hi, float *dw, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh, rr = r * r;
-    const int64_t na = MDL_WINOGRAD_M + r - 1, XI = na * na;
+    const int64_t na = MDL_WINOGRAD_M + r - 1;
     const double (*G)[5] = r == 3 ? G3 : G5;
     /* VL output channels of one input channel at a time, in double lanes */
     for (int64_t e = lo; e < hi; e += VL) { /* e = ci * c_out + co */
         const int64_t ci = e / c_out, co = e % c_out;
         double du[XI_MAX][VL], t[8][5][VL]; /* dU summed over the parts, then dU G */
-        for (int xi = 0; xi < XI; xi++) {
+        for (int xi = 0; xi < na * na; xi++) {
             const int64_t at = (xi * c_in + ci) * c_out + co;
             for (int l = 0; l < VL; l++) du[xi][l] = single ? single[at + l] : 0.0;
             for (int p = 0; p < nparts; p++)
