@@ -399,12 +399,15 @@ mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     const int64_t m = stacked(&g), stacks = (planes + m - 1) / m;
     const mdl_pool_geom whole = stack_geom(&g, m), last = stack_geom(&g, planes - (stacks - 1) * m);
+    const int k3s2 = mdl_use_avx2() && g.vec_ok && mdl_max_pool_back_taps_k3s2_applies(&g);
     int bad = 0, nt = mdl_threads_for((double)planes * (double)(ohw + hw));
     const int64_t chunk = mdl_dynamic_chunk(stacks, nt);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(nt) reduction(| : bad)
     for (int64_t q = 0; q < stacks; q++)
-        bad |= max_pool_back_taps(q == stacks - 1 ? &last : &whole, tap + q * m * ohw,
-                                  dy + q * m * ohw, dx + q * m * hw, to_row, to_col);
+        bad |= k3s2 ? mdl_max_pool_back_taps_k3s2_avx2(&whole, tap + q * ohw, dy + q * ohw,
+                                                       dx + q * hw)
+                    : max_pool_back_taps(q == stacks - 1 ? &last : &whole, tap + q * m * ohw,
+                                         dy + q * m * ohw, dx + q * m * hw, to_row, to_col);
     MDL_CHECK(!bad, "%s: a tap lies outside its window's part inside the input: the taps must "
               "come from mdl_max_pool2d_forward_argmax with the same shape", fn);
     return MDL_OK;

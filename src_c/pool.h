@@ -93,6 +93,11 @@ void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *
 void mdl_avg_pool_plane_avx2(const mdl_pool_geom *g, const float *x, float *y);
 void mdl_avg_pool_back_planes_avx2(const mdl_pool_geom *g, int64_t planes, const float *dy,
                                    float *dx);
+/* The backward from the taps (mdl_max_pool2d_backward_argmax's plane) for 3x3 windows at
+ * stride 2 without padding, where _applies; 1 for an invalid tap */
+int mdl_max_pool_back_taps_k3s2_applies(const mdl_pool_geom *g);
+int mdl_max_pool_back_taps_k3s2_avx2(const mdl_pool_geom *g, const uint8_t *tap, const float *dy,
+                                     float *dx);
 float mdl_global_avg_avx2(int64_t hw, const float *x);
 void mdl_global_avg_back_avx2(int64_t hw, float dy, float *dx);
 /* pool_avx512.c: mdl_max_pool_plane_avx2's contract, where applies (strides 1 and 2
@@ -107,6 +112,8 @@ void mdl_max_pool_tap_plane_avx512(const mdl_pool_geom *g, const float *x, float
 #  define mdl_max_pool_tap_plane_avx2 mdl_max_pool_tap_plane_scalar
 #  define mdl_avg_pool_plane_avx2 mdl_avg_pool_plane_scalar
 #  define mdl_avg_pool_back_planes_avx2 mdl_avg_pool_back_planes_scalar
+#  define mdl_max_pool_back_taps_k3s2_applies(g) 0
+#  define mdl_max_pool_back_taps_k3s2_avx2(g, tap, dy, dx) 1
 #  define mdl_global_avg_avx2 mdl_global_avg_scalar
 #  define mdl_global_avg_back_avx2 mdl_global_avg_back_scalar
 #  define mdl_max_pool_avx512_applies(g) 0

@@ -544,6 +544,115 @@ void mdl_max_pool_tap_plane_avx2(const mdl_pool_geom *g, const float *x, float *
     }
 }
 
+/* The backward from the taps of 3x3 windows at stride 2 without padding (cifar10_quick's
+ * and AlexNet's max pools), without the scatter.  Output row oh, 8 windows j at a time:
+ * input column 2j takes column 2 of window j - 1 and column 0 of window j, column 2j + 1
+ * column 1 of window j, so window row kr's part of the even columns is dy rotated up a
+ * lane (window j - 1 in lane j) where the tap is 3 kr + 2, plus dy where it is 3 kr, and
+ * of the odd ones dy where it is 3 kr + 1.  Window row 0 completes input row 2 oh (after
+ * row 2 of oh - 1), row 1 is input row 2 oh + 1, row 2 waits for oh + 1: the sums in the
+ * reference's order of windows (oh, then ow), even and odd columns interleaved into 16
+ * columns of dx, each stored once.  Lanes past the row's wo windows load dy as 0, so their
+ * taps do not matter.  Returns 1 for a tap of 9 or more or one outside the input (the
+ * reference's check), 0 otherwise. */
+#define K3S2_GROUPS 32 /* groups of 8 even columns in a row: w up to 512 */
+
+int mdl_max_pool_back_taps_k3s2_applies(const mdl_pool_geom *g)
+{
+    return g->kh == 3 && g->kw == 3 && g->sh == 2 && g->sw == 2 && g->ph == 0 &&
+           g->pw == 0 && g->w >= 2 * g->wo - 1 && (g->w + 1) / 2 <= 8 * K3S2_GROUPS;
+}
+
+/* the taps of 8 windows as int32 lanes; `avail` taps readable (lanes past them 0) */
+static inline __m256i k3s2_taps(const uint8_t *t, int64_t avail)
+{
+    if (avail >= 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)t));
+    uint64_t v = 0;
+    for (int64_t i = 0; i < avail; i++) v |= (uint64_t)t[i] << (8 * i);
+    return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v));
+}
+
+/* d where the tap t is `tap`, else 0 */
+static inline __m256 k3s2_where(__m256 d, __m256i t, int tap)
+{
+    return _mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(t, _mm256_set1_epi32(tap))));
+}
+
+/* the 16 columns of dx at c0 from the even and odd sums, the first w - c0 of them */
+static inline void k3s2_store(float *row, int64_t c0, int64_t w, __m256 even, __m256 odd)
+{
+    const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    const __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+    if (c0 + 16 <= w) {
+        _mm256_storeu_ps(row + c0, a);
+        _mm256_storeu_ps(row + c0 + 8, b);
+    } else {
+        mdl_store_first8(row + c0, a, w - c0);
+        if (c0 + 8 < w) mdl_store_first8(row + c0 + 8, b, w - c0 - 8);
+    }
+}
+
+int mdl_max_pool_back_taps_k3s2_avx2(const mdl_pool_geom *g, const uint8_t *tap, const float *dy,
+                                     float *dx)
+{
+    const int64_t h = g->h, w = g->w, ho = g->ho, wo = g->wo, ohw = ho * wo, ne = (w + 1) / 2;
+    /* the reference's check: taps below 9, and inside the input at the last row and column */
+    __m128i most = _mm_set1_epi8(8); /* the largest tap, at least 8 */
+    int64_t k = 0;
+    for (; k + 16 <= ohw; k += 16)
+        most = _mm_max_epu8(most, _mm_loadu_si128((const __m128i *)(tap + k)));
+    if (_mm_movemask_epi8(_mm_cmpeq_epi8(most, _mm_set1_epi8(8))) != 0xFFFF) return 1;
+    for (; k < ohw; k++)
+        if (tap[k] >= 9) return 1;
+    const int64_t last_rows = h - 2 * (ho - 1), last_cols = w - 2 * (wo - 1);
+    for (int64_t ow = 0; last_rows < 3 && ow < wo; ow++)
+        if (tap[(ho - 1) * wo + ow] / 3 >= last_rows) return 1;
+    for (int64_t oh = 0; last_cols < 3 && oh < ho; oh++)
+        if (tap[oh * wo + wo - 1] % 3 >= last_cols) return 1;
+    /* output row oh gives rows 2 oh (its first window row, after the third of oh - 1, kept
+     * in pend), 2 oh + 1 and, through pend, 2 oh + 2; the rows past them are zero */
+    __m256 pend[K3S2_GROUPS][2];
+    const __m256i up = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6); /* lane j: lane j - 1 */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t oh = 0; oh < ho; oh++) {
+        __m256 dp = _mm256_setzero_ps();
+        __m256i tp = _mm256_setzero_si256();
+        for (int64_t j0 = 0, gi = 0; j0 < ne; j0 += 8, gi++) {
+            const int64_t q = oh * wo + j0;
+            const __m256 d = j0 + 8 <= wo ? _mm256_loadu_ps(dy + q)
+                                          : _mm256_maskload_ps(dy + q, _mm256_cmpgt_epi32(
+                                                _mm256_set1_epi32((int)(wo - j0)), lane));
+            const __m256i t = k3s2_taps(tap + q, ohw - q);
+            /* window j - 1 in lane j, lane 0 from the group before */
+            const __m256 d1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(d, up),
+                                              _mm256_permutevar8x32_ps(dp, up), 1);
+            const __m256i t1 = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(t, up),
+                                                  _mm256_permutevar8x32_epi32(tp, up), 1);
+            dp = d;
+            tp = t;
+            __m256 e[3], o[3]; /* window row kr's even and odd columns, added in order */
+            for (int kr = 0; kr < 3; kr++) {
+                __m256 ev = kr == 0 && oh > 0 ? pend[gi][0] : _mm256_setzero_ps();
+                __m256 od = kr == 0 && oh > 0 ? pend[gi][1] : _mm256_setzero_ps();
+                ev = _mm256_add_ps(ev, k3s2_where(d1, t1, 3 * kr + 2));
+                ev = _mm256_add_ps(ev, k3s2_where(d, t, 3 * kr));
+                od = _mm256_add_ps(od, k3s2_where(d, t, 3 * kr + 1));
+                e[kr] = ev;
+                o[kr] = od;
+            }
+            k3s2_store(dx + 2 * oh * w, 2 * j0, w, e[0], o[0]);
+            if (2 * oh + 1 < h) k3s2_store(dx + (2 * oh + 1) * w, 2 * j0, w, e[1], o[1]);
+            pend[gi][0] = e[2];
+            pend[gi][1] = o[2];
+        }
+    }
+    if (2 * ho < h)
+        for (int64_t j0 = 0, gi = 0; j0 < ne; j0 += 8, gi++)
+            k3s2_store(dx + 2 * ho * w, 2 * j0, w, pend[gi][0], pend[gi][1]);
+    for (int64_t r = 2 * ho + 1; r < h; r++) memset(dx + r * w, 0, (size_t)w * sizeof(float));
+    return 0;
+}
+
 /* ---- average pooling ------------------------------------------------------ */
 
 /* Interior windows span kw columns, so the divisor is one number per output row. */

@@ -40,6 +40,13 @@ CASES = [
     (2, 3, 8, 8, (3, 3), (2, 2), (0, 0), True),
     (1, 1, 3, 2100, (3, 3), (1, 1), (1, 1), False),  # rows too wide for the row buffer
     (1, 1, 3, 2100, (3, 3), (2, 2), (1, 1), True),
+    # the average pool's backward for planes up to 16 columns: two vectors, the second
+    # partial; three windows over an element
+    (2, 3, 12, 13, (3, 3), (1, 1), (1, 1), False),
+    # 3x3 / 2 without padding, the backward from the taps by rows: floor mode leaves the
+    # last row and column out; 19 even columns (three groups of 8, the last stored masked)
+    (1, 3, 16, 16, (3, 3), (2, 2), (0, 0), False),
+    (2, 2, 9, 37, (3, 3), (2, 2), (0, 0), True),
     # windows that tile whole rows: planes stacked, 256 of 4x4 to a kernel call, the last
     # stack shorter; a dropped column; a partial column window with padding in w only
     (3, 200, 4, 4, (2, 2), (2, 2), (0, 0), False),
@@ -50,9 +57,6 @@ CASES = [
     (1, 13, 4, 4, (2, 2), (2, 2), (0, 0), True),
     # rows of a multiple of 8 outputs: 8 outputs of a row to a vector (VGG's pools)
     (2, 3, 6, 32, (2, 2), (2, 2), (0, 0), False),
-    # the average pool's backward for planes up to 16 columns: two vectors, the second
-    # partial; three windows over an element
-    (2, 3, 12, 13, (3, 3), (1, 1), (1, 1), False),
 ]
 
 
@@ -243,6 +247,14 @@ def test_max_pool_taps_bad_input(rng):
     bad[0, 1, 2, 3] = 9  # past a 3x3 window
     with pytest.raises(ValueError, match="outside its window"):
         ops.max_pool2d_backward_argmax(bad, dy, x.shape, 3, stride=2)
+    # inside the window but past the input: ceil mode's last window (3x3 / 2 rows, by rows)
+    y, tap = ops.max_pool2d_argmax(x[:, :, :8, :8], 3, stride=2, ceil_mode=True)
+    for at, t in (((0, 1, 3, 3), 2), ((0, 1, 3, 0), 6)):  # past the last column, the last row
+        bad = tap.copy()
+        bad[at] = t
+        with pytest.raises(ValueError, match="outside its window"):
+            ops.max_pool2d_backward_argmax(bad, np.ones_like(y), (1, 2, 8, 8), 3, stride=2,
+                                           ceil_mode=True)
     # inside the window but in its padding: tap 0 of the first window with padding 1
     y, tap = ops.max_pool2d_argmax(x, 3, stride=2, padding=1)
     tap[0, 0, 0, 0] = 0
