@@ -95,10 +95,14 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * c_in or points c_out floats): tiles_v writes V and tiles_dm dM (each with tiles_floats of
  * scratch), tiles_y gives y from M with the epilogue of _images. */
 #define MDL_WINOGRAD_M 4 /* outputs per side of a tile */
-/* transform points of a tile: 6 x 6 for F(4x4, 3x3), 8 x 8 for F(4x4, 5x5) */
+/* transform points per side of a tile: 6 for F(4x4, 3x3), 8 for F(4x4, 5x5); in all */
+static inline int64_t mdl_winograd_alpha(const mdl_conv2d_shape *s)
+{
+    return MDL_WINOGRAD_M + s->kh - 1;
+}
 static inline int64_t mdl_winograd_points(const mdl_conv2d_shape *s)
 {
-    return (MDL_WINOGRAD_M + s->kh - 1) * (MDL_WINOGRAD_M + s->kh - 1);
+    return mdl_winograd_alpha(s) * mdl_winograd_alpha(s);
 }
 #define MDL_WINOGRAD_CHANNELS_DECLARE(P)                                                     \
     int P##_applies(const mdl_conv2d_shape *s);                                             \

@@ -26,6 +26,12 @@
 
 enum { LOAD_S1 = 1, LOAD_S2 = 2, LOAD_GATHER = 0 };
 
+/* the lanes below r set */
+static inline __m256i first_lanes(int64_t r)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* p[0], p[s], ..., p[7 s]; reads nothing outside p[0 .. 7 s]. */
 ALWAYS_INLINE __m256 load_strided(const float *p, const int mode, __m256i offsets)
 {
@@ -581,8 +587,8 @@ static inline __m256 k3s2_where(__m256 d, __m256i t, int tap)
 /* the 16 columns of dx at c0 from the even and odd sums, the first w - c0 of them */
 static inline void k3s2_store(float *row, int64_t c0, int64_t w, __m256 even, __m256 odd)
 {
-    const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-    const __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+    __m256 a, b;
+    interleave(32, even, odd, &a, &b);
     if (c0 + 16 <= w) {
         _mm256_storeu_ps(row + c0, a);
         _mm256_storeu_ps(row + c0 + 8, b);
@@ -613,15 +619,13 @@ int mdl_max_pool_back_taps_k3s2_avx2(const mdl_pool_geom *g, const uint8_t *tap,
      * in pend), 2 oh + 1 and, through pend, 2 oh + 2; the rows past them are zero */
     __m256 pend[K3S2_GROUPS][2];
     const __m256i up = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6); /* lane j: lane j - 1 */
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t oh = 0; oh < ho; oh++) {
         __m256 dp = _mm256_setzero_ps();
         __m256i tp = _mm256_setzero_si256();
         for (int64_t j0 = 0, gi = 0; j0 < ne; j0 += 8, gi++) {
             const int64_t q = oh * wo + j0;
             const __m256 d = j0 + 8 <= wo ? _mm256_loadu_ps(dy + q)
-                                          : _mm256_maskload_ps(dy + q, _mm256_cmpgt_epi32(
-                                                _mm256_set1_epi32((int)(wo - j0)), lane));
+                                          : _mm256_maskload_ps(dy + q, first_lanes(wo - j0));
             const __m256i t = k3s2_taps(tap + q, ohw - q);
             /* window j - 1 in lane j, lane 0 from the group before */
             const __m256 d1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(d, up),
@@ -736,11 +740,6 @@ static int avg_rows_fit(const mdl_pool_geom *g)
 {
     return g->wo + 8 <= AVG_ROW_MAX && (g->wo + 8) * g->sw + g->kw + 16 <= 2 * AVG_ROW_MAX &&
            g->pw + g->w <= 2 * AVG_ROW_MAX;
-}
-
-static inline __m256i first_lanes(int64_t r)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* the row buffer of output row oh: the sums over its window's rows of each input column */

@@ -44,7 +44,7 @@ static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int gra
 {
     wino_geom g;
     g.m = MDL_WINOGRAD_M;
-    g.a = g.m + s->kh - 1;
+    g.a = mdl_winograd_alpha(s);
     g.xi = mdl_winograd_points(s);
     g.th = (ho + g.m - 1) / g.m;
     g.tw = (wo + g.m - 1) / g.m;
@@ -111,7 +111,7 @@ static const double G5[8][5] = {{1, 0, 0, 0, 0},
 void WINO_NAME(weights)(const mdl_conv2d_shape *s, const float *w, float *u)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out;
-    const int r = (int)s->kh, na = MDL_WINOGRAD_M + r - 1;
+    const int r = (int)s->kh, na = (int)mdl_winograd_alpha(s);
     const double (*G)[5] = r == 3 ? G3 : G5;
     float gf[8][5];
     for (int i = 0; i < 8; i++)
@@ -691,7 +691,7 @@ void WINO_NAME(grad_finish)(const mdl_conv2d_shape *s, const double *parts, int 
                                      int64_t hi, float *dw, int accumulate)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, r = s->kh, rr = r * r;
-    const int64_t na = MDL_WINOGRAD_M + r - 1;
+    const int64_t na = mdl_winograd_alpha(s);
     const double (*G)[5] = r == 3 ? G3 : G5;
     /* VL output channels of one input channel at a time, in double lanes */
     for (int64_t e = lo; e < hi; e += VL) { /* e = ci * c_out + co */
