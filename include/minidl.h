@@ -136,7 +136,9 @@ typedef struct mdl_conv2d_shape {
 /* The algorithm of the SIMD convolutions.  MDL_CONV_AUTO (the default) uses
  * Winograd where it was measured to pay and an implicit GEMM elsewhere: on a CPU
  * with AVX-512 (AVX2: 8 instead of 16), F(4x4, 3x3) and F(4x4, 5x5) for stride 1,
- * padding < kernel, input and output channels multiples of 16, summing over the
+ * padding < kernel, input and output channels multiples of 16 (with AVX-512, multiples
+ * of 8 as on AVX2 for the weight gradient, and for the forward and data gradient from
+ * 16 input channels or 256 channel pairs up to 64 * 128), summing over the
  * channels in registers up to c_in * c_out = 128 * 256 (forward and data gradient,
  * 256 * 256 for outputs at least 8 wide; the weight gradient, over the tiles, up to
  * 128 * 128) and beyond by one SGEMM per transform point over the tiles of a chunk of

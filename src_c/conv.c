@@ -76,6 +76,13 @@
 #define WINOGRAD_WIDE_MIN_WO 8
 #define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
 #define WINO_SUMS_BYTES (16 << 20) /* 32 MiB measured 0-5% faster at 512 x 512 channels */
+/* At the AVX-512 level, channels in multiples of 8 but not of 16 take winograd8_avx2.c
+ * (AVX2 vectors) for the weight gradient (1.1-2.1x the GEMM), and for the forward and the
+ * data gradient from WINOGRAD8_MIN_CC channel pairs, or 16 input channels, up to
+ * WINOGRAD8_MAX_CC (1.1-2.4x): with one vector of input channels and fewer outputs (8 -> 8,
+ * 8 -> 24) 0.78-0.98x, and from 120 x 120 at 16x16 0.81-0.84x (bench/NOTES.md) */
+#define WINOGRAD8_MIN_CC 256
+#define WINOGRAD8_MAX_CC (64 * 128)
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 /* floats rounded up to a multiple of 16 (64 bytes) */
@@ -390,7 +397,8 @@ static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, 
 
 /* The per-image path's algorithm: the GEMM, or Winograd F(2x2) with tiles in AVX2
  * vectors (winograd_avx2.c), or F(4x4, 3x3) / F(4x4, 5x5) with channels in AVX-512
- * vectors (winograd_avx512.c) or, at the AVX2 level, in AVX2 vectors (winograd8_avx2.c);
+ * vectors (winograd_avx512.c) or in AVX2 vectors (winograd8_avx2.c: at the AVX2 level,
+ * and at the AVX-512 level for channels in multiples of 8 but not of 16);
  * the channel ones are taken before the other where the CPU and the shape allow it.
  * grad: for the weight gradient (its own channel limit). */
 enum { GEMM = 0, WINO_TILES, WINO_CHANNELS, WINO_CHANNELS8, WINO_SUMS, WINO_SUMS8 };
@@ -402,7 +410,10 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
     if (a == MDL_CONV_GEMM) return GEMM;
     const int sums = s->c_in * s->c_out > channels_max_cc(wo, grad);
     if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
-    if (mdl_use_avx2() && !mdl_use_avx512() && mdl_winograd8_applies(s))
+    const int64_t cc = s->c_in * s->c_out;
+    if (mdl_use_avx2() && mdl_winograd8_applies(s) &&
+        (!mdl_use_avx512() || grad ||
+         (cc <= WINOGRAD8_MAX_CC && (s->c_in >= 16 || cc >= WINOGRAD8_MIN_CC))))
         return sums ? WINO_SUMS8 : WINO_CHANNELS8;
     return mdl_winograd_applies(s) &&
                    (a == MDL_CONV_WINOGRAD || (s->kh == 3 && s->c_in >= WINOGRAD_MIN_C &&

@@ -146,8 +146,10 @@ def test_conv_threads(simd, threads, rng, case):
 
 # 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
 # in AVX2 vectors, and F(4x4, 3x3) / F(4x4, 5x5) with channels in AVX-512 vectors (c_in
-# and c_out multiples of 16) or, at the AVX2 level, AVX2 vectors (multiples of 8); odd and even output sizes, tile rows and columns that do not fill a
-# vector, few channels
+# and c_out multiples of 16) or in AVX2 vectors (multiples of 8: at the AVX2 level, and at
+# the AVX-512 level for the weight gradient and from 16 input channels or 256 channel
+# pairs); odd and even output sizes, tile rows and columns that do not fill a vector, few
+# channels
 WINOGRAD = [
     (2, 16, 32, 32, 16, 3, 3, 1, 1),          # resnet20's first stage
     (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
@@ -165,6 +167,7 @@ WINOGRAD = [
     (1, 16, 2, 2, 32, 3, 3, 1, 1),            # F(4x4): one partial tile
     (2, 8, 7, 9, 24, 3, 3, 1, 1),             # 8 channels to an AVX2 vector (winograd8_avx2.c)
     (2, 24, 6, 5, 8, 5, 5, 1, 2),             # the same, F(4x4, 5x5)
+    (2, 8, 9, 10, 32, 5, 5, 1, 2),            # 8 -> 32: AVX2 vectors at every level
     (2, 32, 5, 5, 16, 3, 3, 1, (0, 1)),       # F(4x4): no padding in one direction
     (3, 5, 7, 9, 6, 3, 3, 1, 1),              # odd output: partial tiles
     (2, 17, 8, 8, 19, 3, 3, 1, 0),            # no padding
@@ -317,6 +320,7 @@ ACC_CASES = [(4, 8, 3, 3, 5, 3, 3, 1, 1),  # dx (the forward of dy) of 3x3 image
              (3, 3, 7, 6, 5, 3, 3, 1, 1), (2, 4, 5, 5, 3, 1, 1, 1, 0), (2, 2, 9, 8, 3, 2, 3, 2, 0),
              # Winograd by default (winograd_avx512.c, winograd8_avx2.c), its dw included
              (2, 16, 6, 7, 32, 3, 3, 1, 1), (3, 16, 6, 6, 16, 5, 5, 1, 2),
+             (2, 24, 6, 7, 8, 3, 3, 1, 1),
              # strided dx by phases, added in their interleaving
              (2, 16, 32, 32, 24, 3, 3, 2, 1), (2, 16, 32, 31, 8, 1, 1, 2, 0),
              (2, 8, 16, 16, 8, 3, 3, 2, 1),
@@ -508,15 +512,18 @@ def test_workspace_weights_by_taps(rng):
                                          stride=(1, 1), padding=(1, 1))[1], "conv")
 
 
-@pytest.fixture(scope="module")
-def sums_case():
+@pytest.fixture(scope="module", params=[(3, 128, 56, 56, 144), (3, 136, 12, 12, 128)],
+                ids=["16-lanes", "8-lanes"])
+def sums_case(request):
     """A weight gradient by Winograd with dU summed by SGEMMs (c_in c_out above 128 x 128):
-    V and dM of 196 tiles per image, in chunks of 2 images and a last one of 1."""
+    V and dM of 196 tiles per image, in chunks of 2 images and a last one of 1; and 136
+    input channels, a multiple of 8 but not of 16 (AVX2 vectors at every level)."""
     rng = np.random.default_rng(7)
-    case = (3, 128, 56, 56, 144, 3, 3, 1, 1)
+    n, c_in, h, w, c_out = request.param
+    case = (n, c_in, h, w, c_out, 3, 3, 1, 1)
     x, _, _, _ = make(rng, case)
-    dy = f32(rng, 3, 144, 56, 56)
-    zero = np.zeros((144, 128, 3, 3), np.float32)
+    dy = f32(rng, n, c_out, h, w)
+    zero = np.zeros((c_out, c_in, 3, 3), np.float32)
     return case, x, dy, ref.conv2d_backward(x, zero, dy, stride=(1, 1), padding=(1, 1))[1]
 
 
