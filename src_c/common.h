@@ -37,6 +37,8 @@ int mdl_use_avx512(void);
  * mdl_set_min_parallel_work threshold, else the configured count. */
 int mdl_threads_for(double work);
 int mdl_num_threads(void);
+/* The core's L2 cache in bytes (1 MiB where the system does not say) */
+int64_t mdl_l2_bytes(void);
 
 /* This thread's number t and the team's size T inside a parallel region (0 and 1
  * without OpenMP) */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef __linux__
 #  include <sched.h>
 #endif
@@ -105,6 +106,22 @@ mdl_status mdl_set_min_parallel_work(int64_t work)
 int mdl_threads_for(double work)
 {
     return work < (double)__atomic_load_n(&min_parallel_work, __ATOMIC_RELAXED) ? 1 : mdl_num_threads();
+}
+
+/* The core's L2 in bytes, as the C library reports it (glibc: from CPUID), 1 MiB
+ * where it does not or reports something implausible */
+int64_t mdl_l2_bytes(void)
+{
+    static int64_t l2 = 0; /* 0: not yet read; every thread reads the same value */
+    int64_t v = __atomic_load_n(&l2, __ATOMIC_RELAXED);
+    if (v) return v;
+    v = 1 << 20;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long r = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (r >= (128 << 10) && r <= (64 << 20)) v = r;
+#endif
+    __atomic_store_n(&l2, v, __ATOMIC_RELAXED);
+    return v;
 }
 
 /* ---- SIMD dispatch --------------------------------------------------------- */

@@ -23,12 +23,17 @@
 #define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
 #define XI_MAX 64                                  /* transform points, at most 8 x 8 */
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
-/* The weight gradient's chunks are twice as large from c_in c_out = 64 x 128: each
- * chunk adds its products to the thread's partial dU in double (36 c_in c_out of them
- * for 3x3, 2.4 MB there), so fewer, longer chunks read and write it less often; with fewer
- * channels the larger V and dM cost more than that saves (bench/NOTES.md) */
-#define GRAD_CHUNK_BYTES (512 << 10)
-#define GRAD_CHUNK_MIN_CC (64 * 128)
+/* The weight gradient's chunk (V and dM) for c_in c_out = cc: each chunk adds its
+ * products to the thread's partial dU in double (36 cc of them for 3x3), so longer chunks
+ * read and write it less often, while a chunk should stay in L2.  Measured (bench/NOTES.md):
+ * with AVX-512 vectors from 32 x 32 channels, the core's L2 (1 MiB: 1.06-1.43x against
+ * 256 and 512 KiB); with AVX2 vectors, and fewer channels, 512 KiB from 64 x 128, else
+ * the forward's chunk */
+static int64_t grad_chunk_bytes(int64_t cc)
+{
+    if (VL == 16 && cc >= 32 * 32) return mdl_l2_bytes();
+    return cc >= 64 * 128 ? 512 << 10 : CHUNK_BYTES;
+}
 
 typedef struct wino_geom {
     int64_t m;          /* outputs per tile side: 4 */
@@ -51,8 +56,7 @@ static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int gra
     g.T = g.th * g.tw;
     g.hp = g.m * g.th + s->kh - 1;
     g.wp = g.m * g.tw + s->kw - 1;
-    const int big = grad && s->c_in * s->c_out >= GRAD_CHUNK_MIN_CC;
-    const int64_t c = (big ? GRAD_CHUNK_BYTES : CHUNK_BYTES) /
+    const int64_t c = (grad ? grad_chunk_bytes(s->c_in * s->c_out) : CHUNK_BYTES) /
                       (g.xi * (int64_t)sizeof(float) * (s->c_in + s->c_out));
     g.chunk = c < 1 ? 1 : c;
     g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
