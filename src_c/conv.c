@@ -408,9 +408,9 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
 #if MDL_X86
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
-    const int sums = s->c_in * s->c_out > channels_max_cc(wo, grad);
-    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
     const int64_t cc = s->c_in * s->c_out;
+    const int sums = cc > channels_max_cc(wo, grad);
+    if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
     if (mdl_use_avx2() && mdl_winograd8_applies(s) &&
         (!mdl_use_avx512() || grad ||
          (cc <= WINOGRAD8_MAX_CC && (s->c_in >= 16 || cc >= WINOGRAD8_MIN_CC))))
