@@ -1889,10 +1889,17 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         gt.per_thread = g.per_thread;
         const int64_t kk = s->kh * s->kw, Kt = gt.K;
         float *wf = ws, *pa = wf + FLOATS(s->c_in * Kt);
-        for (int64_t co = 0; co < c_out; co++)
-            for (int64_t ci = 0; ci < s->c_in; ci++)
-                for (int64_t q = 0; q < kk; q++)
-                    wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
+        /* wf (c_in, c_out, kh, kw) = w's kernels flipped, in blocks of 16 x 16 channel
+         * pairs over the threads (pair by pair in w's order it took 6 ms at 512 x 2048, 1x1:
+         * every write a cache line of its own) */
+#pragma omp parallel for schedule(static) num_threads(mdl_threads_for(4.0 * c_out * Kt))
+        for (int64_t cb = 0; cb < s->c_in; cb += 16)
+            for (int64_t ob = 0; ob < c_out; ob += 16)
+                for (int64_t ci = cb; ci < s->c_in && ci < cb + 16; ci++)
+                    for (int64_t co = ob; co < c_out && co < ob + 16; co++)
+                        for (int64_t q = 0; q < kk; q++)
+                            wf[(ci * c_out + co) * kk + kk - 1 - q] =
+                                w[(co * s->c_in + ci) * kk + q];
         int wino = use_winograd(&t, s->w, 0);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
