@@ -27,11 +27,13 @@
  * products to the thread's partial dU in double (36 cc of them for 3x3), so longer chunks
  * read and write it less often, while a chunk should stay in L2.  Measured (bench/NOTES.md):
  * with AVX-512 vectors from 32 x 32 channels, the core's L2 (1 MiB: 1.06-1.43x against
- * 256 and 512 KiB); with AVX2 vectors, and fewer channels, 512 KiB from 64 x 128, else
+ * 256 and 512 KiB; at most 2 MiB, measured no better, so that a large L2 does not grow
+ * the workspace); with AVX2 vectors, and fewer channels, 512 KiB from 64 x 128, else
  * the forward's chunk */
 static int64_t grad_chunk_bytes(int64_t cc)
 {
-    if (VL == 16 && cc >= 32 * 32) return mdl_l2_bytes();
+    const int64_t l2 = mdl_l2_bytes();
+    if (VL == 16 && cc >= 32 * 32) return l2 < (2 << 20) ? l2 : 2 << 20;
     return cc >= 64 * 128 ? 512 << 10 : CHUNK_BYTES;
 }
 
