@@ -223,6 +223,17 @@ MDL_API mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, 
                                                      const mdl_affine *in, const float *dy,
                                                      float *dw, int accumulate,
                                                      void *workspace, size_t workspace_bytes);
+/* Both gradients in one call: dx = or += (accumulate_dx) conv_transpose(dy, w), none
+ * when dx is NULL, and dw = or += (accumulate_dw) the weight gradient of x read through
+ * `in` (NULL: x as it is): the values of mdl_conv2d_backward_data_fused and
+ * mdl_conv2d_backward_weights_fused.  Where both take the channel-vector Winograd (3x3
+ * and 5x5, stride 1, channels in multiples of 8), dy is read and transposed once for
+ * both. */
+MDL_API mdl_status mdl_conv2d_backward(const mdl_conv2d_shape *s, const float *x,
+                                       const mdl_affine *in, const float *dy, const float *w,
+                                       float *dx, int accumulate_dx, float *dw,
+                                       int accumulate_dw, void *workspace,
+                                       size_t workspace_bytes);
 /* db (c_out) = or += sum of dy over n, h_out, w_out. */
 MDL_API mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                             float *db, int accumulate);

@@ -184,6 +184,13 @@ MDL_API mdl_status mdl_cuda_conv2d_backward_weights_fused(const mdl_conv2d_shape
                                                           int accumulate, void *workspace,
                                                           size_t workspace_bytes,
                                                           mdl_cuda_stream stream);
+/* Both gradients in one call (mdl_conv2d_backward's contract), with the same
+ * workspace. */
+MDL_API mdl_status mdl_cuda_conv2d_backward(const mdl_conv2d_shape *s, const float *x,
+                                            const mdl_affine *in, const float *dy,
+                                            const float *w, float *dx, int accumulate_dx,
+                                            float *dw, int accumulate_dw, void *workspace,
+                                            size_t workspace_bytes, mdl_cuda_stream stream);
 /* db (c_out) = or += sum of dy over n, h_out, w_out. */
 MDL_API mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                                  float *db, int accumulate,

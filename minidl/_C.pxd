@@ -68,6 +68,10 @@ cdef extern from "minidl.h" nogil:
                                                  const mdl_affine *in_, const float *dy, float *dw,
                                                  int accumulate, void *workspace,
                                                  size_t workspace_bytes)
+    mdl_status mdl_conv2d_backward(const mdl_conv2d_shape *s, const float *x, const mdl_affine *in_,
+                                   const float *dy, const float *w, float *dx, int accumulate_dx,
+                                   float *dw, int accumulate_dw, void *workspace,
+                                   size_t workspace_bytes)
     mdl_status mdl_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,
                                         int accumulate)
 

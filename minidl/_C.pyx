@@ -283,6 +283,25 @@ def conv2d_backward_weights_fused(tuple shape, x, in_scale, in_shift, bint in_re
     check(st)
 
 
+def conv2d_backward(tuple shape, x, in_scale, in_shift, bint in_relu, dy, w, dx,
+                    bint accumulate_dx, dw, bint accumulate_dw=False, ws=None):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine f
+    cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    cdef const float *c_x = cptr(x)
+    cdef const float *c_dy = cptr(dy)
+    cdef const float *c_w = cptr(w)
+    cdef float *m_dx = mptr(dx)
+    cdef float *m_dw = mptr(dw)
+    cdef void *w_ws = mptr(ws)
+    cdef size_t nb_ws = nbytes(ws)
+    with nogil:
+        st = mdl_conv2d_backward(&cs, c_x, fp, c_dy, c_w, m_dx, accumulate_dx, m_dw,
+                                 accumulate_dw, w_ws, nb_ws)
+    check(st)
+
+
 def conv2d_backward_bias(tuple shape, dy, db, bint accumulate=False):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
     cdef mdl_status st

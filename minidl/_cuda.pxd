@@ -56,6 +56,11 @@ cdef extern from "minidl_cuda.h" nogil:
                                                       float *dw, int accumulate, void *workspace,
                                                       size_t workspace_bytes,
                                                       mdl_cuda_stream stream)
+    mdl_status mdl_cuda_conv2d_backward(const mdl_conv2d_shape *s, const float *x,
+                                        const mdl_affine *in_, const float *dy, const float *w,
+                                        float *dx, int accumulate_dx, float *dw,
+                                        int accumulate_dw, void *workspace, size_t workspace_bytes,
+                                        mdl_cuda_stream stream)
     mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy,
                                              float *db, int accumulate, mdl_cuda_stream stream)
 

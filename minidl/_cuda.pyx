@@ -218,6 +218,21 @@ def conv2d_backward_weights_fused(tuple shape, uintptr_t x, uintptr_t in_scale,
     check(st)
 
 
+def conv2d_backward(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
+                    bint in_relu, uintptr_t dy, uintptr_t w, uintptr_t dx, bint accumulate_dx,
+                    uintptr_t dw, bint accumulate_dw=False, uintptr_t ws=0, size_t ws_bytes=0,
+                    uintptr_t stream=0):
+    cdef mdl_conv2d_shape cs = conv_shape(shape)
+    cdef mdl_affine m
+    cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
+    cdef mdl_status st
+    with nogil:
+        st = mdl_cuda_conv2d_backward(&cs, cptr(x), fin, cptr(dy), cptr(w), mptr(dx),
+                                      accumulate_dx, mptr(dw), accumulate_dw, <void *>ws,
+                                      ws_bytes, sptr(stream))
+    check(st)
+
+
 def conv2d_backward_bias(tuple shape, uintptr_t dy, uintptr_t db, bint accumulate=False,
                          uintptr_t stream=0):
     cdef mdl_conv2d_shape cs = conv_shape(shape)

@@ -375,21 +375,24 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
             if a is not None:
                 _fill(a, 0.0)
         return dx, dw, db
-    # one workspace for both calls that need one
-    if k is _C:
+    if k is _C:  # both gradients in one call, which reads dy once where it can
         ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
-    else:
+        k.conv2d_backward(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu), dy.reshape(-1),
+                          w.reshape(-1), None if dx is None else dx.reshape(-1),
+                          add_dx_to is not None, dw.reshape(-1), False, ws)
+    else:  # one workspace for both calls
         ws = _workspace(k, x, "conv2d_workspace_size", shape)
-    if add_dx_to is not None:
-        k.conv2d_backward_data_fused(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), True,
-                                     ws)
-    elif need_dx:
-        k.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
-    if x_scale is None and not x_relu:
-        k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False, ws)
-    else:
-        k.conv2d_backward_weights_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
-                                        dy.reshape(-1), dw.reshape(-1), False, ws)
+        if add_dx_to is not None:
+            k.conv2d_backward_data_fused(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1),
+                                         True, ws)
+        elif need_dx:
+            k.conv2d_backward_data(shape, dy.reshape(-1), w.reshape(-1), dx.reshape(-1), ws)
+        if x_scale is None and not x_relu:
+            k.conv2d_backward_weights(shape, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), False,
+                                      ws)
+        else:
+            k.conv2d_backward_weights_fused(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
+                                            dy.reshape(-1), dw.reshape(-1), False, ws)
     if need_db:
         k.conv2d_backward_bias(shape, dy.reshape(-1), db)
     return dx, dw, db

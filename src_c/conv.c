@@ -645,6 +645,12 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
         per_w = max_size(per_w, mdl_winograd8_grad_thread_floats(s, g->ho, g->wo));
     if (!fixed_w && winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s))
         per_w = max_size(per_w, mdl_winograd_avx512_grad_thread_floats(s, g->ho, g->wo));
+    /* or both gradients at once (backward_winograd) */
+    if (!fixed_w && g->direct_data && winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s))
+        per_w = max_size(per_w, mdl_winograd8_backward_thread_floats(s, &t, g->ho, g->wo));
+    if (!fixed_w && g->direct_data && winograd_cpu(MDL_SIMD_AVX512) &&
+        mdl_winograd_avx512_applies(s))
+        per_w = max_size(per_w, mdl_winograd_avx512_backward_thread_floats(s, &t, g->ho, g->wo));
 #endif
     if (g->phase_data) {
         fixed_d = data_phases_fixed(s, &dp);
@@ -940,6 +946,23 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
     }
 }
 
+/* wf (c_in, c_out, kh, kw) = w's kernels flipped, the weights of the data gradient's
+ * convolution (transposed_shape), in blocks of 16 x 16 channel pairs over the threads
+ * (pair by pair in w's order it took 6 ms at 512 x 2048, 1x1: every write a cache line
+ * of its own) */
+static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
+{
+    const int64_t kk = s->kh * s->kw, c_out = s->c_out;
+    const int nt = mdl_threads_for(4.0 * (double)(c_out * s->c_in * kk));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t cb = 0; cb < s->c_in; cb += 16)
+        for (int64_t ob = 0; ob < c_out; ob += 16)
+            for (int64_t ci = cb; ci < s->c_in && ci < cb + 16; ci++)
+                for (int64_t co = ob; co < c_out && co < ob + 16; co++)
+                    for (int64_t q = 0; q < kk; q++)
+                        wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
+}
+
 /* The weights w (c_out, K) packed for per_image: for Winograd; for B's rows read in
  * place by AVX-512 tiles of 16 output channels (where the CPU has AVX-512F, the
  * condition per_image tests); or as the AVX2 GEMM's A operand */
@@ -1199,16 +1222,26 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 }
 
 #if MDL_X86
+/* The data gradient of backward_winograd, which weights_winograd takes along: dx = or +=
+ * (accumulate) the convolution t of dy with the flipped weights, transformed in ut */
+typedef struct data_grad {
+    mdl_conv2d_shape t;
+    const float *ut;
+    float *dx;
+    int accumulate;
+} data_grad;
+
 /* dw by Winograd (winograd_avx512.c, or winograd8_avx2.c with avx512 0): each thread
  * adds its share of the images into its own partial dU (doubles, per_thread bytes
  * apart), then each sets a share of dw's channel pairs from the partials' sum in
- * thread order */
+ * thread order.  With d (not NULL), each group's data gradient too, dy transposed once
+ * for both (the _backward_images of winograd_channels.h). */
 static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                              const mdl_affine *in, const float *dy, float *dw, int accumulate,
-                             float *ws, size_t stride, int nt, int avx512)
+                             float *ws, size_t stride, int nt, int avx512, const data_grad *d)
 {
     const int64_t c_in = s->c_in, c_out = s->c_out, pairs = c_in * c_out;
-    const int64_t xi = mdl_winograd_points(s);
+    const int64_t xi = mdl_winograd_points(s), image = c_in * s->h * s->w;
     const int64_t group = (avx512 ? mdl_winograd_avx512_group : mdl_winograd8_group)(s, g->ho,
                                                                                       g->wo, 1);
 #pragma omp parallel num_threads(nt)
@@ -1218,10 +1251,17 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
         double *du = (double *)(ws + t * stride); /* transform points x pairs */
         memset(du, 0, (size_t)(xi * pairs) * sizeof(double));
         const int64_t b1 = s->n * (t + 1) / T;
-        for (int64_t b = s->n * t / T; b < b1; b += group)
-            (avx512 ? mdl_winograd_avx512_grad_images : mdl_winograd8_grad_images)(
-                s, g->ho, g->wo, b1 - b < group ? b1 - b : group, x + b * c_in * s->h * s->w, in,
-                dy + b * c_out * g->P, du, (float *)(du + xi * pairs));
+        for (int64_t b = s->n * t / T; b < b1; b += group) {
+            const int64_t nb = b1 - b < group ? b1 - b : group;
+            float *buf = (float *)(du + xi * pairs);
+            if (d)
+                (avx512 ? mdl_winograd_avx512_backward_images : mdl_winograd8_backward_images)(
+                    s, &d->t, g->ho, g->wo, d->ut, nb, x + b * image, in, dy + b * c_out * g->P,
+                    d->accumulate, d->dx + b * image, du, buf);
+            else
+                (avx512 ? mdl_winograd_avx512_grad_images : mdl_winograd8_grad_images)(
+                    s, g->ho, g->wo, nb, x + b * image, in, dy + b * c_out * g->P, du, buf);
+        }
 #pragma omp barrier
         /* the channel pairs in whole vectors of output channels */
         const int64_t vl = avx512 ? 16 : 8, units = pairs / vl;
@@ -1229,6 +1269,40 @@ static void weights_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
             s, (const double *)ws, T, stride / 2, NULL, units * t / T * vl,
             units * (t + 1) / T * vl, dw, accumulate);
     }
+}
+
+/* Both gradients where the data gradient's convolution t and the weight gradient both
+ * take the channel Winograd (WINO_CHANNELS, or WINO_CHANNELS8 for both) and dy's blocks
+ * lie inside t's padded input (backward_applies): weights_winograd with the data
+ * gradient along, the values those of the two calls.  The workspace: the flipped
+ * weights and t's transformed ones (fixed), then per thread the partial dU and the
+ * buffers.  0 where it does not apply or the workspace holds fewer threads than the
+ * weight gradient alone would take. */
+static int backward_winograd(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                             const mdl_affine *in, const float *dy, const float *w, float *dx,
+                             int accumulate_dx, float *dw, int accumulate_dw, float *ws,
+                             size_t avail)
+{
+    data_grad d = {.dx = dx, .accumulate = accumulate_dx};
+    if (!dx || g->dense || !transposed_shape(s, g, &d.t)) return 0;
+    const int wino = use_winograd(s, g->wo, 1);
+    if (wino != use_winograd(&d.t, s->w, 0) || (wino != WINO_CHANNELS && wino != WINO_CHANNELS8))
+        return 0;
+    const int avx512 = wino == WINO_CHANNELS;
+    if (!(avx512 ? mdl_winograd_avx512_backward_applies : mdl_winograd8_backward_applies)(
+            s, &d.t, g->ho, g->wo))
+        return 0;
+    int nt = mdl_threads_for((double)s->n * s->c_out * g->K * g->P); /* as weights_per_image */
+    if (nt > s->n) nt = (int)s->n;
+    if ((size_t)nt > avail / g->per_thread) nt = (int)(avail / g->per_thread);
+    if (nt < 1 || g->fixed + (size_t)nt * g->per_thread > avail) return 0;
+    float *wf = ws, *ut = wf + FLOATS(s->c_in * s->c_out * s->kh * s->kw);
+    flip_weights(s, w, wf);
+    (avx512 ? mdl_winograd_avx512_weights : mdl_winograd8_weights)(&d.t, wf, ut);
+    d.ut = ut;
+    weights_winograd(s, g, x, in, dy, dw, accumulate_dw, ws + g->fixed / sizeof(float),
+                     g->per_thread / sizeof(float), nt, avx512, &d);
+    return 1;
 }
 
 /* Threads for the sums by SGEMMs: as many as the workspace holds after the fixed part */
@@ -1374,7 +1448,8 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     const int64_t wp = phases_of(s).cols;
     const int wino = use_winograd(s, g->wo, 1);
     if (wino == WINO_CHANNELS || wino == WINO_CHANNELS8) {
-        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt, wino == WINO_CHANNELS);
+        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt, wino == WINO_CHANNELS,
+                         NULL);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -1887,19 +1962,9 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         geometry(fn, &t, &gt);
         gt.fixed = g.fixed; /* the workspace layout is this op's, sized for both */
         gt.per_thread = g.per_thread;
-        const int64_t kk = s->kh * s->kw, Kt = gt.K;
+        const int64_t Kt = gt.K;
         float *wf = ws, *pa = wf + FLOATS(s->c_in * Kt);
-        /* wf (c_in, c_out, kh, kw) = w's kernels flipped, in blocks of 16 x 16 channel
-         * pairs over the threads (pair by pair in w's order it took 6 ms at 512 x 2048, 1x1:
-         * every write a cache line of its own) */
-#pragma omp parallel for schedule(static) num_threads(mdl_threads_for(4.0 * c_out * Kt))
-        for (int64_t cb = 0; cb < s->c_in; cb += 16)
-            for (int64_t ob = 0; ob < c_out; ob += 16)
-                for (int64_t ci = cb; ci < s->c_in && ci < cb + 16; ci++)
-                    for (int64_t co = ob; co < c_out && co < ob + 16; co++)
-                        for (int64_t q = 0; q < kk; q++)
-                            wf[(ci * c_out + co) * kk + kk - 1 - q] =
-                                w[(co * s->c_in + ci) * kk + q];
+        flip_weights(s, w, wf);
         int wino = use_winograd(&t, s->w, 0);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
         pack_weights(&t, &gt, wino, wf, pa);
@@ -1952,10 +2017,12 @@ mdl_status mdl_conv2d_backward_data_fused(const mdl_conv2d_shape *s, const float
 }
 
 /* dw (c_out, c_in, kh, kw) = or += sum over images of dy[b] (c_out, P) @ col[b]^T (P, K),
- * col[b] the column matrix of image b read through the map in */
+ * col[b] the column matrix of image b read through the map in; with dx (not NULL), the
+ * data gradient first (backward_data), or both at once where backward_winograd applies */
 static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, const float *x,
                                    const mdl_affine *in, const float *dy, float *dw,
-                                   int accumulate, void *workspace, size_t workspace_bytes)
+                                   int accumulate, void *workspace, size_t workspace_bytes,
+                                   const float *w, float *dx, int accumulate_dx)
 {
     conv_geom g;
     mdl_status st = geometry(fn, s, &g);
@@ -1964,12 +2031,25 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
     MDL_CHECK_PTR_FN(fn, x);
     MDL_CHECK_PTR_FN(fn, dy);
     MDL_CHECK_PTR_FN(fn, dw);
+    if (dx) MDL_CHECK_PTR_FN(fn, w);
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;
     size_t avail;
     st = take_workspace(fn, &g, fast, workspace, workspace_bytes, &owned, &ws, &avail);
     if (st != MDL_OK) return st;
+#if MDL_X86
+    if (fast && dx &&
+        backward_winograd(s, &g, x, in, dy, w, dx, accumulate_dx, dw, accumulate, ws, avail)) {
+        mdl_free(owned);
+        return MDL_OK;
+    }
+#endif
+    if (dx && (st = backward_data(fn, s, dy, w, dx, accumulate_dx, workspace,
+                                  workspace_bytes)) != MDL_OK) {
+        mdl_free(owned);
+        return st;
+    }
     if (!fast) {
         backward_weights_scalar(s, g.ho, g.wo, x, in, dy, dw, accumulate != 0);
         return MDL_OK;
@@ -1996,7 +2076,8 @@ mdl_status mdl_conv2d_backward_weights(const mdl_conv2d_shape *s, const float *x
                                        float *dw, int accumulate, void *workspace,
                                        size_t workspace_bytes)
 {
-    return backward_weights(__func__, s, x, NULL, dy, dw, accumulate, workspace, workspace_bytes);
+    return backward_weights(__func__, s, x, NULL, dy, dw, accumulate, workspace, workspace_bytes,
+                            NULL, NULL, 0);
 }
 
 mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const float *x,
@@ -2004,7 +2085,17 @@ mdl_status mdl_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, const fl
                                              int accumulate, void *workspace,
                                              size_t workspace_bytes)
 {
-    return backward_weights(__func__, s, x, in, dy, dw, accumulate, workspace, workspace_bytes);
+    return backward_weights(__func__, s, x, in, dy, dw, accumulate, workspace, workspace_bytes,
+                            NULL, NULL, 0);
+}
+
+mdl_status mdl_conv2d_backward(const mdl_conv2d_shape *s, const float *x, const mdl_affine *in,
+                               const float *dy, const float *w, float *dx, int accumulate_dx,
+                               float *dw, int accumulate_dw, void *workspace,
+                               size_t workspace_bytes)
+{
+    return backward_weights(__func__, s, x, in, dy, dw, accumulate_dw, workspace,
+                            workspace_bytes, w, dx, accumulate_dx);
 }
 
 /* db (c_out) = or += sum of dy (n, c_out, ho, wo) over n, ho, wo */

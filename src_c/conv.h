@@ -93,7 +93,11 @@ void mdl_winograd_image(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const
  * lo and hi multiples of the channels to a vector (16 or 8).  For many channels, the
  * steps around SGEMMs over all the tiles of `images` images (tile-major: rows of points
  * c_in or points c_out floats): tiles_v writes V and tiles_dm dM (each with tiles_floats of
- * scratch), tiles_y gives y from M with the epilogue of _images. */
+ * scratch), tiles_y gives y from M with the epilogue of _images.  Both gradients at
+ * once (conv.c's backward_winograd): where backward_applies, backward_images gives dx
+ * (= or += conv(dy, flipped w) with t, the data gradient's convolution, and ut its
+ * transformed weights) and adds dU to du as the two calls would, transposing dy once,
+ * with backward_thread_floats of scratch (du included, first). */
 #define MDL_WINOGRAD_M 4 /* outputs per side of a tile */
 /* transform points per side of a tile: 6 for F(4x4, 3x3), 8 for F(4x4, 5x5); in all */
 static inline int64_t mdl_winograd_alpha(const mdl_conv2d_shape *s)
@@ -127,7 +131,15 @@ static inline int64_t mdl_winograd_points(const mdl_conv2d_shape *s)
                      int accumulate, float *y);                                             \
     void P##_grad_finish(const mdl_conv2d_shape *s, const double *parts, int nparts,        \
                          size_t part_stride, const float *single, int64_t lo, int64_t hi,   \
-                         float *dw, int accumulate)
+                         float *dw, int accumulate);                                        \
+    int P##_backward_applies(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,          \
+                             int64_t ho, int64_t wo);                                       \
+    size_t P##_backward_thread_floats(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t, \
+                                      int64_t ho, int64_t wo);                              \
+    void P##_backward_images(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,          \
+                             int64_t ho, int64_t wo, const float *ut, int64_t images,       \
+                             const float *x, const mdl_affine *in, const float *dy,         \
+                             int accumulate, float *dx, double *du, float *buf)
 MDL_WINOGRAD_CHANNELS_DECLARE(mdl_winograd_avx512);
 /* The same with 8 channels to a vector (winograd8_avx2.c, for CPUs without AVX-512):
  * c_in and c_out multiples of 8, the same contracts. */

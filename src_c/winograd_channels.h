@@ -526,23 +526,34 @@ static void output_tiles(int64_t c_out, const wino_geom *g, int64_t ho, int64_t 
     }
 }
 
+/* The convolution of `images` images already transposed (xt), chunk by chunk of tiles
+ * through v and m (as _images) */
+static void convolve_tiles(const mdl_conv2d_shape *s, const wino_geom *g, int64_t ho,
+                           int64_t wo, const float *u, int64_t images, const float *xt,
+                           const float *bias, int relu, double *sums, int accumulate, float *y,
+                           float *v, float *m)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, total = images * g->T;
+    if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
+    const int64_t chunks = (total + g->chunk - 1) / g->chunk;
+    for (int64_t k = 0; k < chunks; k++) {
+        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
+        input_tiles(c_in, g, xt, q0, n, v);
+        products(0, g->xi, n, c_in, c_out, v, u, m, NULL);
+        output_tiles(c_out, g, ho, wo, q0, n, m, bias, relu, sums, accumulate, y);
+    }
+}
+
 void WINO_NAME(images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, const float *u,
                                 int64_t images, const float *x, const mdl_affine *in,
                                 const float *bias, int relu, double *sums, int accumulate,
                                 float *y, float *buf)
 {
     const wino_geom g = geom(s, ho, wo, 0);
-    const int64_t c_in = s->c_in, c_out = s->c_out, total = images * g.T;
-    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in), *m = v + FL(g.xi * g.chunk * c_in);
+    float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * s->c_in);
     transpose_images(s, &g, images, x, in, xt);
-    if (sums) memset(sums, 0, (size_t)(images * 2 * c_out) * sizeof(double));
-    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
-    for (int64_t k = 0; k < chunks; k++) {
-        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
-        input_tiles(c_in, &g, xt, q0, n, v);
-        products(0, g.xi, n, c_in, c_out, v, u, m, NULL);
-        output_tiles(c_out, &g, ho, wo, q0, n, m, bias, relu, sums, accumulate, y);
-    }
+    convolve_tiles(s, &g, ho, wo, u, images, xt, bias, relu, sums, accumulate, y, v,
+                   v + FL(g.xi * g.chunk * s->c_in));
 }
 
 void WINO_NAME(tiles_y)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int64_t images,
@@ -626,12 +637,34 @@ grad_tile(const int A, int64_t c_out, int64_t cols, const float *d, float *dm)
     }
 }
 
+/* du += dU of `images` images already transposed: x in xt, dy in dyt (images
+ * dyt_image floats apart, rows of cols pixels, dy's first pixel at dyt_origin), chunk by
+ * chunk of tiles through v and dm (as _grad_images) */
+static void grad_tiles(const mdl_conv2d_shape *s, const wino_geom *g, int64_t images,
+                       const float *xt, const float *dyt, int64_t dyt_image, int64_t cols,
+                       int64_t dyt_origin, double *du, float *v, float *dm)
+{
+    const int64_t c_in = s->c_in, c_out = s->c_out, total = images * g->T;
+    const int64_t chunks = (total + g->chunk - 1) / g->chunk;
+    for (int64_t k = 0; k < chunks; k++) {
+        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
+        input_tiles(c_in, g, xt, q0, n, v);
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t q = q0 + t, b = q / g->T, ty = q % g->T / g->tw, tx = q % g->tw;
+            const float *d = dyt + b * dyt_image + dyt_origin + (ty * cols + tx) * g->m * c_out;
+            if (g->a == 6) grad_tile(6, c_out, cols, d, dm + t * g->xi * c_out);
+            else grad_tile(8, c_out, cols, d, dm + t * g->xi * c_out);
+        }
+        products(1, g->xi, n, c_in, c_out, v, dm, NULL, du);
+    }
+}
+
 void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
                                      int64_t images, const float *x, const mdl_affine *in,
                                      const float *dy, double *du, float *buf)
 {
     const wino_geom g = geom(s, ho, wo, 1);
-    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo, total = images * g.T;
+    const int64_t c_in = s->c_in, c_out = s->c_out, P = ho * wo;
     const int64_t rows = g.m * g.th, cols = g.m * g.tw, dyt_image = rows * cols * c_out;
     float *xt = buf, *v = xt + FL(g.group * g.hp * g.wp * c_in);
     float *dm = v + FL(g.xi * g.chunk * c_in);
@@ -640,18 +673,55 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
     for (int64_t b = 0; b < images; b++)
         transpose_image(c_out, ho, wo, 0, 0, rows, cols, dy + b * c_out * P, NULL,
                         dyt + b * dyt_image);
-    const int64_t chunks = (total + g.chunk - 1) / g.chunk;
-    for (int64_t k = 0; k < chunks; k++) {
-        const int64_t q0 = total * k / chunks, n = total * (k + 1) / chunks - q0;
-        input_tiles(c_in, &g, xt, q0, n, v);
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t q = q0 + t, b = q / g.T, ty = q % g.T / g.tw, tx = q % g.tw;
-            const float *d = dyt + b * dyt_image + (ty * cols + tx) * g.m * c_out;
-            if (g.a == 6) grad_tile(6, c_out, cols, d, dm + t * g.xi * c_out);
-            else grad_tile(8, c_out, cols, d, dm + t * g.xi * c_out);
-        }
-        products(1, g.xi, n, c_in, c_out, v, dm, NULL, du);
+    grad_tiles(s, &g, images, xt, dyt, dyt_image, cols, 0, du, v, dm);
+}
+
+/* ---- both gradients at once ---------------------------------------------------------- */
+/* The data gradient is the convolution t of dy (its input, padded by t's padding) with
+ * the flipped weights; the weight gradient reads dy's 4 x 4 blocks, zero past its end.
+ * In one pass per group, dy is transposed once, padded for t, and the weight gradient
+ * reads its blocks there, offset by t's padding: that needs every block inside the
+ * padded image (backward_applies).  The group and the chunks of each gradient are those
+ * of its own call (_images with t, _grad_images with s), so the values are the same. */
+static size_t max_floats(size_t a, size_t b) { return a > b ? a : b; }
+
+int WINO_NAME(backward_applies)(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,
+                                int64_t ho, int64_t wo)
+{
+    const wino_geom gd = geom(t, s->h, s->w, 0), gw = geom(s, ho, wo, 1);
+    return gw.m * gw.th + t->pad_h <= gd.hp && gw.m * gw.tw + t->pad_w <= gd.wp;
+}
+
+size_t WINO_NAME(backward_thread_floats)(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,
+                                         int64_t ho, int64_t wo)
+{
+    const wino_geom gd = geom(t, s->h, s->w, 0), gw = geom(s, ho, wo, 1);
+    const int64_t c_in = s->c_in, c_out = s->c_out;
+    return FL(2 * gw.xi * c_in * c_out) + FL(gw.group * gd.hp * gd.wp * c_out) +
+           FL(gw.group * gw.hp * gw.wp * c_in) +
+           max_floats(FL(gd.xi * gd.chunk * c_out), FL(gw.xi * gw.chunk * c_in)) +
+           max_floats(FL(gd.xi * gd.chunk * c_in), FL(gw.xi * gw.chunk * c_out));
+}
+
+void WINO_NAME(backward_images)(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,
+                                int64_t ho, int64_t wo, const float *ut, int64_t images,
+                                const float *x, const mdl_affine *in, const float *dy,
+                                int accumulate, float *dx, double *du, float *buf)
+{
+    const wino_geom gd = geom(t, s->h, s->w, 0), gw = geom(s, ho, wo, 1);
+    const int64_t c_in = s->c_in, c_out = s->c_out, dyt_image = gd.hp * gd.wp * c_out;
+    float *dyt = buf, *xt = dyt + FL(gw.group * dyt_image);
+    float *v = xt + FL(gw.group * gw.hp * gw.wp * c_in);
+    float *m = v + max_floats(FL(gd.xi * gd.chunk * c_out), FL(gw.xi * gw.chunk * c_in));
+    transpose_images(t, &gd, images, dy, NULL, dyt);
+    for (int64_t b0 = 0; b0 < images; b0 += gd.group) { /* the data gradient's calls */
+        const int64_t nb = images - b0 < gd.group ? images - b0 : gd.group;
+        convolve_tiles(t, &gd, s->h, s->w, ut, nb, dyt + b0 * dyt_image, NULL, 0, NULL,
+                       accumulate, dx + b0 * c_in * s->h * s->w, v, m);
     }
+    transpose_images(s, &gw, images, x, in, xt);
+    grad_tiles(s, &gw, images, xt, dyt, dyt_image, gd.wp, (t->pad_h * gd.wp + t->pad_w) * c_out,
+               du, v, m);
 }
 
 /* For many channels the sums go to SGEMMs instead (conv.c), one per transform point,

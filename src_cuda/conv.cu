@@ -448,6 +448,23 @@ mdl_status mdl_cuda_conv2d_backward_weights_fused(const mdl_conv2d_shape *s, con
                             stream);
 }
 
+/* Both gradients in one call (mdl_conv2d_backward's contract): the two kernels in turn
+ * on the stream */
+mdl_status mdl_cuda_conv2d_backward(const mdl_conv2d_shape *s, const float *x,
+                                    const mdl_affine *in, const float *dy, const float *w,
+                                    float *dx, int accumulate_dx, float *dw, int accumulate_dw,
+                                    void *workspace, size_t workspace_bytes,
+                                    mdl_cuda_stream stream)
+{
+    static const char fn[] = "mdl_cuda_conv2d_backward";
+    mdl_status st = MDL_OK;
+    if (dx)
+        st = backward_data(fn, s, dy, w, dx, accumulate_dx, workspace, workspace_bytes, stream);
+    if (st != MDL_OK) return st;
+    return backward_weights(fn, s, x, in, dy, dw, accumulate_dw, workspace, workspace_bytes,
+                            stream);
+}
+
 mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float *dy, float *db,
                                          int accumulate, mdl_cuda_stream stream)
 {

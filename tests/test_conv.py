@@ -467,6 +467,42 @@ def test_conv2d_pooled_bad_input(rng):
         minidl.set_num_threads(before)
 
 
+# Both gradients in one call (conv2d_backward, which ops.conv2d_backward takes): where
+# the data gradient and the weight gradient both take the channel Winograd, one pass
+# over dy for both (16 and 8 channels to a vector, 3x3 and 5x5, padding 0 to kernel - 1);
+# the last two cases take the two calls (dy's blocks outside the data gradient's padded
+# input; 3 channels).  The values are the two calls', bit for bit.
+BOTH_CASES = [(4, 16, 8, 8, 16, 3, 3, 1, 1), (3, 32, 9, 9, 48, 5, 5, 1, 2),
+              (5, 16, 7, 7, 32, 3, 3, 1, 0), (2, 24, 10, 10, 8, 3, 3, 1, 2),
+              (3, 8, 12, 12, 16, 5, 5, 1, 1), (2, 16, 12, 12, 16, 3, 3, 1, 2),
+              (2, 3, 8, 8, 5, 3, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("case", BOTH_CASES, ids=ids)
+def test_both_gradients_in_one_call(simd, threads, rng, case):
+    x, wt, _, kw = make(rng, case)
+    shape = c_shape(case)
+    ho, wo = _C.conv2d_output_size(shape)
+    dy = f32(rng, case[0], case[4], ho, wo)
+    maps = [(None, None, False), (f32(rng, case[1]), f32(rng, case[1]), True)]
+    for accumulate in (False, True):
+        for m in maps:
+            dx0, dw0 = f32(rng, *x.shape), f32(rng, *wt.shape)
+            dx, dw, dx2, dw2 = dx0.copy(), dw0.copy(), dx0.copy(), dw0.copy()
+            _C.conv2d_backward_data_fused(shape, dy.ravel(), wt.ravel(), dx.ravel(), accumulate)
+            _C.conv2d_backward_weights_fused(shape, x.ravel(), *m, dy.ravel(), dw.ravel(),
+                                             accumulate)
+            _C.conv2d_backward(shape, x.ravel(), *m, dy.ravel(), wt.ravel(), dx2.ravel(),
+                               accumulate, dw2.ravel(), accumulate)
+            np.testing.assert_array_equal(dx2, dx)
+            np.testing.assert_array_equal(dw2, dw)
+    _, rdw, _ = ref.conv2d_backward(x, wt, dy, **ref_kw(kw))
+    dw = np.full_like(wt, np.nan)  # no dx: the weight gradient alone, dw overwritten
+    _C.conv2d_backward(shape, x.ravel(), *maps[0], dy.ravel(), wt.ravel(), None, False,
+                       dw.ravel(), False)
+    assert_close(dw, rdw, "conv", "dw")
+
+
 def test_workspace(simd, rng):
     case = (2, 3, 9, 8, 5, 3, 3, 1, 1)
     x, wt, b, kw = make(rng, case)

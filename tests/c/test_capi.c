@@ -127,6 +127,13 @@ static void test_conv(const char *level)
     st = mdl_conv2d_backward_weights(&s, x, dy, dw, 0, NULL, 0); /* NULL: the call allocates */
     EXPECT(st == MDL_OK, "[%s] conv backward weights: %s", level, mdl_last_error());
     EXPECT(max_rel_err(dw, rdw, nw) < 1e-5, "[%s] conv dw error %g", level, max_rel_err(dw, rdw, nw));
+    /* both gradients in one call: the two calls' values, bit for bit */
+    float *dx2 = malloc(nx * sizeof *dx2), *dw2 = malloc(nw * sizeof *dw2);
+    st = mdl_conv2d_backward(&s, x, NULL, dy, w, dx2, 0, dw2, 0, ws, ws_bytes);
+    EXPECT(st == MDL_OK && memcmp(dx, dx2, nx * sizeof *dx) == 0 &&
+           memcmp(dw, dw2, nw * sizeof *dw) == 0, "[%s] conv backward, both: %s", level,
+           st == MDL_OK ? "values differ" : mdl_last_error());
+    free(dx2); free(dw2);
     st = mdl_conv2d_backward_bias(&s, dy, db, 0);
     EXPECT(st == MDL_OK, "[%s] conv backward bias: %s", level, mdl_last_error());
     EXPECT(max_rel_err(db, rdb, 5) < 1e-5, "[%s] conv db error %g", level, max_rel_err(db, rdb, 5));
