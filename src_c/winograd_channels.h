@@ -681,8 +681,9 @@ void WINO_NAME(grad_images)(const mdl_conv2d_shape *s, int64_t ho, int64_t wo,
  * the flipped weights; the weight gradient reads dy's 4 x 4 blocks, zero past its end.
  * In one pass per group, dy is transposed once, padded for t, and the weight gradient
  * reads its blocks there, offset by t's padding: that needs every block inside the
- * padded image (backward_applies).  The group and the chunks of each gradient are those
- * of its own call (_images with t, _grad_images with s), so the values are the same. */
+ * padded image (backward_applies).  The groups are the weight gradient's and so are its
+ * chunks of tiles (its sums are added in the same order as by _grad_images), and a tile
+ * of the data gradient does not depend on its chunk: the values are the two calls'. */
 static size_t max_floats(size_t a, size_t b) { return a > b ? a : b; }
 
 int WINO_NAME(backward_applies)(const mdl_conv2d_shape *s, const mdl_conv2d_shape *t,
@@ -714,11 +715,7 @@ void WINO_NAME(backward_images)(const mdl_conv2d_shape *s, const mdl_conv2d_shap
     float *v = xt + FL(gw.group * gw.hp * gw.wp * c_in);
     float *m = v + max_floats(FL(gd.xi * gd.chunk * c_out), FL(gw.xi * gw.chunk * c_in));
     transpose_images(t, &gd, images, dy, NULL, dyt);
-    for (int64_t b0 = 0; b0 < images; b0 += gd.group) { /* the data gradient's calls */
-        const int64_t nb = images - b0 < gd.group ? images - b0 : gd.group;
-        convolve_tiles(t, &gd, s->h, s->w, ut, nb, dyt + b0 * dyt_image, NULL, 0, NULL,
-                       accumulate, dx + b0 * c_in * s->h * s->w, v, m);
-    }
+    convolve_tiles(t, &gd, s->h, s->w, ut, images, dyt, NULL, 0, NULL, accumulate, dx, v, m);
     transpose_images(s, &gw, images, x, in, xt);
     grad_tiles(s, &gw, images, xt, dyt, dyt_image, gd.wp, (t->pad_h * gd.wp + t->pad_w) * c_out,
                du, v, m);
