@@ -1222,6 +1222,16 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 }
 
 #if MDL_X86
+/* The threads of the weight gradient's per-image paths: as many as its work calls for,
+ * at most one per image and as many as the workspace holds, at least one */
+static int weights_threads(const mdl_conv2d_shape *s, const conv_geom *g, size_t avail)
+{
+    int nt = mdl_threads_for((double)s->n * s->c_out * g->K * g->P);
+    if (nt > s->n) nt = (int)s->n;
+    if ((size_t)nt > avail / g->per_thread) nt = (int)(avail / g->per_thread);
+    return nt < 1 ? 1 : nt;
+}
+
 /* The data gradient of backward_winograd, which weights_winograd takes along: dx = or +=
  * (accumulate) the convolution t of dy with the flipped weights, transformed in ut */
 typedef struct data_grad {
@@ -1292,10 +1302,8 @@ static int backward_winograd(const mdl_conv2d_shape *s, const conv_geom *g, cons
     if (!(avx512 ? mdl_winograd_avx512_backward_applies : mdl_winograd8_backward_applies)(
             s, &d.t, g->ho, g->wo))
         return 0;
-    int nt = mdl_threads_for((double)s->n * s->c_out * g->K * g->P); /* as weights_per_image */
-    if (nt > s->n) nt = (int)s->n;
-    if ((size_t)nt > avail / g->per_thread) nt = (int)(avail / g->per_thread);
-    if (nt < 1 || g->fixed + (size_t)nt * g->per_thread > avail) return 0;
+    const int nt = weights_threads(s, g, avail);
+    if (g->fixed + (size_t)nt * g->per_thread > avail) return 0;
     float *wf = ws, *ut = wf + FLOATS(s->c_in * s->c_out * s->kh * s->kw);
     flip_weights(s, w, wf);
     (avx512 ? mdl_winograd_avx512_weights : mdl_winograd8_weights)(&d.t, wf, ut);
@@ -1432,14 +1440,11 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
  * winograd_avx512.c. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                               const mdl_affine *in, const float *dy, float *dw, int accumulate,
-                              float *ws, size_t avail, int nt)
+                              float *ws, size_t avail)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
-    const size_t fit = avail / g->per_thread;
-    if (nt > s->n) nt = (int)s->n;
-    if ((size_t)nt > fit) nt = (int)fit;
-    if (nt < 1) nt = 1;
+    const int nt = weights_threads(s, g, avail);
     const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
     const int64_t igroup = dot ? 1 : weights_group(s, g->P, g->pointwise);
     const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P * igroup);
@@ -1510,7 +1515,7 @@ static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, con
     }
 #else
     (void)s, (void)g, (void)x, (void)in, (void)dy, (void)dw, (void)accumulate, (void)ws;
-    (void)avail, (void)nt;
+    (void)avail;
 #endif
 }
 
@@ -2045,8 +2050,9 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
         return MDL_OK;
     }
 #endif
-    if (dx && (st = backward_data(fn, s, dy, w, dx, accumulate_dx, workspace,
-                                  workspace_bytes)) != MDL_OK) {
+    /* the data gradient alone, in the workspace taken above (its need is part of g's) */
+    if (dx && (st = backward_data(fn, s, dy, w, dx, accumulate_dx, owned ? owned : workspace,
+                                  owned ? avail + MDL_WS_SLACK : workspace_bytes)) != MDL_OK) {
         mdl_free(owned);
         return st;
     }
@@ -2066,8 +2072,7 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
     else if (g.batch_w_bytes && wino == GEMM)
         st = batch_weights(s, &g, x, in, dy, dw, accumulate, ws);
     else
-        weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail,
-                          mdl_threads_for((double)s->n * s->c_out * g.K * g.P));
+        weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail);
     mdl_free(owned);
     return st;
 }
