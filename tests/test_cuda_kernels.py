@@ -6,8 +6,10 @@ The inputs are uploaded with pycuda in the device's primary context (the one
 the CUDA runtime inside libminidl_cuda uses), the _cuda function runs on the
 default stream, and the download (synchronous) is compared with minidl.ops /
 minidl._C.  Error measure: helpers.rel_err (max abs difference over the
-largest reference value); tolerances in one table.  Dropout masks, ReLU and add
-must match bit for bit.
+largest reference value, or over the size of the terms a result sums where
+they can cancel: BatchNorm's dx); tolerances in one table.  Dropout masks, ReLU
+and add must match bit for bit, except that a NaN matches any NaN (the GPU
+writes its canonical NaN, not the payload of the NaN it read).
 """
 import numpy as np
 import pytest
@@ -34,15 +36,23 @@ TOL = {
 }
 
 
-def check(got, want, kind, what=""):
+def check(got, want, kind, what="", scale=1e-3):
+    """`scale`: the error's denominator when the reference's largest value is smaller."""
     if TOL[kind] == 0.0:
         g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
         assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
-        assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
-            f"{what}: not bit-identical ({int(np.sum(g.view(np.uint32) != w.view(np.uint32)))} differ)"
+        differ = (g.view(np.uint32) != w.view(np.uint32)) & ~(np.isnan(g) & np.isnan(w))
+        assert not differ.any(), f"{what}: not bit-identical ({int(differ.sum())} differ)"
         return
-    err = rel_err(got, want)
+    err = rel_err(got, want, scale)
     assert err <= TOL[kind], f"{what or kind}: relative error {err:.3g} > {TOL[kind]:g}"
+
+
+def dx_scale(gamma, invstd, dy):
+    """The largest term BatchNorm's dx sums (gamma * invstd * dy and its means): dx
+    cancels far below it where a channel holds few values (to zero for two), so its
+    error is measured against that term."""
+    return float(np.max(np.abs(gamma * invstd)[:, None] * np.abs(dy)))
 
 
 class Gpu:
@@ -421,7 +431,7 @@ def test_batch_norm(gpu, rng, n, c, hw, offset):
         pdg, pdb = gpu.up(g0), gpu.up(b0)
         run(cuda.batch_norm_backward, n, c, hw, px, pg, gpu.up(dy), gpu.up(mean), gpu.up(invstd),
             pdx, pdg, pdb, accumulate)
-        check(gpu.down(pdx, x.shape), dx, "batch_norm", "dx")
+        check(gpu.down(pdx, x.shape), dx, "batch_norm", "dx", dx_scale(gamma, invstd, dy))
         check(gpu.down(pdg, c), dgamma + (g0 if accumulate else 0), "batch_norm", "dgamma")
         check(gpu.down(pdb, c), dbeta + (b0 if accumulate else 0), "batch_norm", "dbeta")
 
@@ -825,13 +835,15 @@ def test_batch_norm_relu_backward(gpu, rng, n, c, hw):
         run(cuda.batch_norm_relu_backward, n, c, hw, px, pg, pdy, pm, pi, psc, psh, pdx, pdg, pdb,
             accumulate)
         got = gpu.down(pdx, x.shape), gpu.down(pdg, c), gpu.down(pdb, c)
-        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, db)):
-            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})")
+        scales = dx_scale(gamma, invstd, dy), 1e-3, 1e-3
+        for name, g, w, e in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, db), scales):
+            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})", e)
         qdx, qdg, qdb = gpu.empty(x.shape), gpu.up(g0), gpu.up(b0)
         run(cuda.batch_norm_backward, n, c, hw, px, pg, pmdy, pm, pi, qdx, qdg, qdb, accumulate)
         plain = gpu.down(qdx, x.shape), gpu.down(qdg, c), gpu.down(qdb, c)
-        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, plain):
-            check(g, w, "batch_norm", f"{name} against dy masked first (accumulate {accumulate})")
+        for name, g, w, e in zip(("dx", "dgamma", "dbeta"), got, plain, scales):
+            check(g, w, "batch_norm", f"{name} against dy masked first (accumulate {accumulate})",
+                  e)
 
 
 def add_relu_case(rng, n, c, hw, kind):
@@ -863,8 +875,9 @@ def test_batch_norm_add_relu_backward(gpu, rng, n, c, hw, kind):
             pdx, pdb, pdg, pdbt, accumulate)
         check(gpu.down(pdb, s.shape), db, "exact", f"db (accumulate {accumulate})")
         got = gpu.down(pdx, s.shape), gpu.down(pdg, c), gpu.down(pdbt, c)
-        for name, g, w in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, dbt)):
-            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})")
+        scales = dx_scale(gamma, invstd, dy), 1e-3, 1e-3
+        for name, g, w, e in zip(("dx", "dgamma", "dbeta"), got, (dx, dg, dbt), scales):
+            check(g, w, "batch_norm", f"{name} (accumulate {accumulate})", e)
 
 
 def test_batch_norm_add_relu_backward_db_over_dy(gpu, rng):
