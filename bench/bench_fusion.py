@@ -1,7 +1,7 @@
 """Fused against unfused Conv+BatchNorm+ReLU training, side by side in one run.
 
     python3 bench/bench_fusion.py [--models resnet20,resnet56,vgg11_bn] [--batch-size 128]
-                                  [--threads 2] [--repeats 15] [--steps 1]
+                                  [--threads 2] [--repeats 15] [--steps 1] [--device cpu]
                                   [--json bench/results/fusion-DATE-COMMIT.json]
 
 For each model: the plan's figures for both plans (`bytes_moved`: the bytes the
@@ -13,7 +13,8 @@ each after one warm-up step; the median step of each, the median of the rounds'
 ratios unfused / fused with their range, and per-layer-kind forward and backward
 times (from the executor's timings: the median over five more steps each,
 alternating too).  Prints a table; --json writes every
-figure.
+figure.  With --device cuda the nets run on the GPU and each step (and each
+layer's timing) ends at the device's synchronisation.
 """
 import argparse
 import datetime
@@ -29,15 +30,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minidl  # noqa: E402
 from minidl import models  # noqa: E402
+from minidl.device import get_device  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.plan import make_plan  # noqa: E402
 from minidl.runtime import Executor  # noqa: E402
 
 
-def _setup(model, batch, fuse):
-    net = models.build(model, seed=0)
+def _setup(model, batch, fuse, dev):
+    net = models.build(model, seed=0).to(dev)
     opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    plan = make_plan(net, batch, optimizer_slots=len(opt.slots), fuse=fuse)
+    plan = make_plan(net, batch, optimizer_slots=len(opt.slots), device=dev, fuse=fuse)
     return Executor(net, plan, seed=0), opt
 
 
@@ -47,6 +49,7 @@ def _steps(ex, opt, x, y, n):
         t0 = time.perf_counter()
         ex.train_step(x, y)
         opt.step()
+        ex.device.synchronize()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -65,9 +68,9 @@ def _by_kind(ex, opt, x, y):
     return kinds
 
 
-def run(model, batch, repeats, steps):
+def run(model, batch, repeats, steps, dev):
     rng = np.random.default_rng(0)
-    exs = {fuse: _setup(model, batch, fuse) for fuse in (True, False)}
+    exs = {fuse: _setup(model, batch, fuse, dev) for fuse in (True, False)}
     net = exs[True][0].net
     x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
     y = rng.integers(0, net.output_shape[0], batch)
@@ -109,15 +112,17 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--json")
     a = p.parse_args(argv)
     minidl.set_num_threads(a.threads)
+    dev = get_device(a.device)
     mb = 1 / 2**20
     results = []
     print(f"{'model':<10} {'MiB moved f/u':>17} {'less':>6} {'MiB kept f/u':>15} {'less':>6} "
           f"{'step ms f/u':>15} {'unfused/fused [min, max]':>26}")
     for model in a.models.split(","):
-        r = run(model, a.batch_size, a.repeats, a.steps)
+        r = run(model, a.batch_size, a.repeats, a.steps, dev)
         results.append(r)
         f, u, s = r["fused"], r["unfused"], r["speedup"]
         print(f"{model:<10} {f['bytes_moved'] * mb:>8.0f}/{u['bytes_moved'] * mb:<8.0f} "
@@ -135,6 +140,7 @@ def main(argv=None):
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
         Path(a.json).write_text(json.dumps({
             "date": datetime.date.today().isoformat(), "commit": commit,
+            "device": dev.name, "device_name": getattr(dev, "gpu_name", None),
             "threads": a.threads, "simd": minidl.get_simd(), "repeats": a.repeats,
             "steps": a.steps, "results": results}, indent=1) + "\n")
 
