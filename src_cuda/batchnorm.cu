@@ -20,7 +20,7 @@
 #include "common.cuh"
 #include "../src_c/checks.h"
 
-#define BN_THREADS 512
+#define BN_THREADS MDL_CHANNEL_THREADS
 
 namespace {
 
@@ -69,23 +69,10 @@ __device__ void finish_backward(int64_t m, double sdy, double sdyd, float gamma,
     *c0 = (float)(-ga * sdy / (double)m);
 }
 
-/* The values of channel ch, q = i * hw + j over [0, n*hw), visited by this thread at
- * q = threadIdx.x, + blockDim.x, ...: calls f(offset of (i, ch, j) in (n, c, hw)). */
-template <class F>
-__device__ __forceinline__ void for_channel(int64_t n, int64_t c, int64_t hw, int64_t ch, F f)
-{
-    const int64_t step_i = blockDim.x / hw, step_j = blockDim.x % hw;
-    int64_t i = threadIdx.x / hw, j = threadIdx.x % hw;
-    for (; i < n;) {
-        f((i * c + ch) * hw + j);
-        i += step_i;
-        j += step_j;
-        if (j >= hw) {
-            j -= hw;
-            i++;
-        }
-    }
-}
+/* A value and its x, read together (the backward's loads). */
+struct gx {
+    float g, x;
+};
 
 /* channel blockIdx.x of x, y (n, c, hw): statistics (saved, running ones updated), then y */
 __global__ void __launch_bounds__(BN_THREADS)
@@ -98,8 +85,9 @@ bn_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, c
     const int64_t ch = blockIdx.x;
     const double k = (double)x[ch * hw]; /* image 0, channel ch, first value */
     double sd = 0.0, sd2 = 0.0;
-    for_channel(n, c, hw, ch, [&](int64_t o) {
-        const double d = (double)x[o] - k;
+    auto ld = [&](int64_t o) { return x[o]; };
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t, float v) {
+        const double d = (double)v - k;
         sd += d;
         sd2 += d * d;
     });
@@ -115,7 +103,7 @@ bn_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, c
     }
     __syncthreads();
     const float mf = coef[0], scale = coef[1], shift = coef[2];
-    for_channel(n, c, hw, ch, [&](int64_t o) { y[o] = (x[o] - mf) * scale + shift; });
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t o, float v) { y[o] = (v - mf) * scale + shift; });
 }
 
 /* x, y (n, c, hw): y = (x - rm) * gamma / sqrt(rv + eps) + beta, elementwise */
@@ -167,15 +155,15 @@ bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma
         ms = mscale[ch];
         mt = mshift[ch];
     }
-    auto grad = [&](int64_t o) {
-        if constexpr (RELU) return fmaf(x[o], ms, mt) > 0.0f ? dy[o] : 0.0f;
-        else return dy[o];
+    auto ld = [&](int64_t o) {
+        const float xv = x[o], d = dy[o];
+        if constexpr (RELU) return gx{fmaf(xv, ms, mt) > 0.0f ? d : 0.0f, xv};
+        else return gx{d, xv};
     };
     double sdy = 0.0, sdyd = 0.0;
-    for_channel(n, c, hw, ch, [&](int64_t o) {
-        const float g = grad(o);
-        sdy += g;
-        sdyd += (double)g * (double)(x[o] - mu);
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t, gx v) {
+        sdy += v.g;
+        sdyd += (double)v.g * (double)(v.x - mu);
     });
     sdy = mdl_block_sum(sdy, scratch);
     sdyd = mdl_block_sum(sdyd, scratch);
@@ -189,7 +177,8 @@ bn_backward(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma
     }
     __syncthreads();
     const float a = coef[0], b = coef[1], c0 = coef[2];
-    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = grad(o) * a + (x[o] - mu) * b + c0; });
+    mdl_for_channel(n, c, hw, ch, ld,
+                    [&](int64_t o, gx v) { dx[o] = v.g * a + (v.x - mu) * b + c0; });
 }
 
 /* channel blockIdx.x of s, b, dy, dx, db (n, c, hw), x not stored (src_c/batchnorm.c:
@@ -207,13 +196,15 @@ bn_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float *s, const flo
     __shared__ float coef[3];
     const int64_t ch = blockIdx.x;
     const float bt = beta[ch];
-    auto e = [&](int64_t o) { return s[o] - fb(b[o], ch) - bt; };
+    auto ld = [&](int64_t o) { /* g and e */
+        const float sv = s[o], d = dy[o];
+        return gx{sv > 0.0f ? d : 0.0f, sv - fb(b[o], ch) - bt};
+    };
     double sg = 0.0, sge = 0.0;
-    for_channel(n, c, hw, ch, [&](int64_t o) {
-        const float g = s[o] > 0.0f ? dy[o] : 0.0f;
-        db[o] = g;
-        sg += g;
-        sge += (double)g * (double)e(o);
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t o, gx v) {
+        db[o] = v.g;
+        sg += v.g;
+        sge += (double)v.g * (double)v.x;
     });
     sg = mdl_block_sum(sg, scratch);
     sge = mdl_block_sum(sge, scratch);
@@ -228,7 +219,7 @@ bn_add_relu_backward(int64_t n, int64_t c, int64_t hw, const float *s, const flo
     }
     __syncthreads();
     const float a = coef[0], be = coef[1], c0 = coef[2];
-    for_channel(n, c, hw, ch, [&](int64_t o) { dx[o] = db[o] * a + e(o) * be + c0; });
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t o, gx v) { dx[o] = v.g * a + v.x * be + c0; });
 }
 
 } /* namespace */

@@ -23,9 +23,33 @@
 
 namespace {
 
+/* q / d for 0 <= q < 2^31 as a multiply and a shift (the gathers' index arithmetic;
+ * the GPU has no integer divide): with l = ceil(log2 d) and s = 31 + l, m = ceil(2^s / d)
+ * is below 2^32, and q * m / 2^s exceeds q / d by less than 2^-l <= 1 / d, too little
+ * to reach the next integer, so the floors agree. */
+struct fastdiv {
+    uint32_t m;
+    int s;
+    fastdiv() = default;
+    explicit fastdiv(int d) /* d < 1 (an empty extent, never divided by) counts as 1 */
+    {
+        if (d < 1) d = 1;
+        int l = 0;
+        while ((1LL << l) < d) l++;
+        s = 31 + l;
+        m = (uint32_t)(((1ULL << s) + (uint64_t)d - 1) / (uint64_t)d);
+    }
+    __device__ __forceinline__ int div(int q) const
+    {
+        return (int)(((uint64_t)(uint32_t)q * m) >> s);
+    }
+};
+
 struct conv_geom {
     int n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, ho, wo;
     int K, P; /* c_in*kh*kw, ho*wo */
+    /* dividing by P, wo, kh*kw, kw, h*w, w, sh, sw */
+    fastdiv by_P, by_wo, by_khw, by_kw, by_hw, by_w, by_sh, by_sw;
 };
 
 /* mdl_conv2d_check_shape (src_c/checks.h), then the limits of the CUDA kernels:
@@ -50,6 +74,14 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
     *g = {(int)s->n, (int)s->c_in, (int)s->h, (int)s->w, (int)s->c_out, (int)s->kh, (int)s->kw,
           (int)s->stride_h, (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo,
           (int)K, (int)P};
+    g->by_P = fastdiv(g->P);
+    g->by_wo = fastdiv(g->wo);
+    g->by_khw = fastdiv(g->kh * g->kw);
+    g->by_kw = fastdiv(g->kw);
+    g->by_hw = fastdiv(g->h * g->w);
+    g->by_w = fastdiv(g->w);
+    g->by_sh = fastdiv(g->sh);
+    g->by_sw = fastdiv(g->sw);
     return MDL_OK;
 }
 
@@ -70,8 +102,9 @@ struct ConvForward {
     __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
     __device__ float b(int k, int j) const
     {
-        const int img = j / g.P, p = j - img * g.P, oh = p / g.wo, ow = p - oh * g.wo;
-        const int khw = g.kh * g.kw, ci = k / khw, rs = k - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
+        const int img = g.by_P.div(j), p = j - img * g.P, oh = g.by_wo.div(p), ow = p - oh * g.wo;
+        const int khw = g.kh * g.kw, ci = g.by_khw.div(k), rs = k - ci * khw;
+        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
         const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
         if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
         const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
@@ -80,7 +113,7 @@ struct ConvForward {
     }
     __device__ void store(int i, int j, float acc, int) const
     {
-        const int img = j / g.P, p = j - img * g.P;
+        const int img = g.by_P.div(j), p = j - img * g.P;
         float v = bias ? acc + bias[i] : acc;
         if (relu && !(v > 0.0f)) v = 0.0f; /* as the CPU: NaN becomes 0 */
         y[((int64_t)img * g.c_out + i) * g.P + p] = v;
@@ -100,22 +133,24 @@ struct ConvBackwardData {
 
     __device__ float a(int i, int k) const
     {
-        const int khw = g.kh * g.kw, co = k / khw, rs = k - co * khw;
+        const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
         return w[((int64_t)co * g.c_in + i) * khw + rs];
     }
     __device__ float b(int k, int j) const
     {
-        const int khw = g.kh * g.kw, co = k / khw, rs = k - co * khw, r = rs / g.kw, s = rs - r * g.kw;
-        const int hw = g.h * g.w, img = j / hw, q = j - img * hw, ih = q / g.w, iw = q - ih * g.w;
+        const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
+        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
+        const int hw = g.h * g.w, img = g.by_hw.div(j), q = j - img * hw;
+        const int ih = g.by_w.div(q), iw = q - ih * g.w;
         const int th = ih + g.ph - r, tw = iw + g.pw - s; /* = oh*sh, ow*sw if this tap is used */
         if (th < 0 || tw < 0) return 0.0f;
-        const int oh = th / g.sh, ow = tw / g.sw;
+        const int oh = g.by_sh.div(th), ow = g.by_sw.div(tw);
         if (oh * g.sh != th || ow * g.sw != tw || oh >= g.ho || ow >= g.wo) return 0.0f;
         return dy[(((int64_t)img * g.c_out + co) * g.ho + oh) * g.wo + ow];
     }
     __device__ void store(int i, int j, float acc, int) const
     {
-        const int hw = g.h * g.w, img = j / hw, q = j - img * hw;
+        const int hw = g.h * g.w, img = g.by_hw.div(j), q = j - img * hw;
         const int64_t at = ((int64_t)img * g.c_in + i) * hw + q;
         dx[at] = accumulate ? dx[at] + acc : acc;
     }
@@ -136,13 +171,14 @@ struct ConvBackwardWeights {
 
     __device__ float a(int i, int k) const
     {
-        const int img = k / g.P, p = k - img * g.P;
+        const int img = g.by_P.div(k), p = k - img * g.P;
         return dy[((int64_t)img * g.c_out + i) * g.P + p];
     }
     __device__ float b(int k, int j) const
     {
-        const int img = k / g.P, p = k - img * g.P, oh = p / g.wo, ow = p - oh * g.wo;
-        const int khw = g.kh * g.kw, ci = j / khw, rs = j - ci * khw, r = rs / g.kw, s = rs - r * g.kw;
+        const int img = g.by_P.div(k), p = k - img * g.P, oh = g.by_wo.div(p), ow = p - oh * g.wo;
+        const int khw = g.kh * g.kw, ci = g.by_khw.div(j), rs = j - ci * khw;
+        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
         const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
         if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
         const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
@@ -173,33 +209,31 @@ __global__ void conv_splitk_reduce(int64_t count, int splits, const float *part,
 }
 
 /* db (c_out) = or += sum of dy (n, c_out, P) over n and P: block co, a fixed-order tree */
-__global__ void conv_bias_grad(int n, int c_out, int P, const float *dy, float *db, int accumulate)
+__global__ void __launch_bounds__(MDL_CHANNEL_THREADS)
+conv_bias_grad(int n, int c_out, int P, const float *dy, float *db, int accumulate)
 {
     __shared__ float scratch[32];
     const int co = blockIdx.x;
     float acc = 0.0f;
-    for (int q = threadIdx.x; q < n * P; q += blockDim.x) {
-        const int img = q / P, p = q - img * P;
-        acc += dy[((int64_t)img * c_out + co) * P + p];
-    }
+    mdl_for_channel(n, c_out, P, co, [&](int64_t o) { return dy[o]; },
+                    [&](int64_t, float v) { acc += v; });
     acc = mdl_block_sum(acc, scratch);
     if (threadIdx.x == 0) db[co] = accumulate ? db[co] + acc : acc;
 }
 
 /* sum[co] and sumsq[co] (either may be NULL) = the sums of y (n, c_out, P) over n
  * and P in double: block co, a fixed-order tree */
-__global__ void conv_channel_sums(int n, int c_out, int P, const float *y, double *sum,
-                                  double *sumsq)
+__global__ void __launch_bounds__(MDL_CHANNEL_THREADS)
+conv_channel_sums(int n, int c_out, int P, const float *y, double *sum, double *sumsq)
 {
     __shared__ double scratch[32];
     const int co = blockIdx.x;
     double a = 0.0, q2 = 0.0;
-    for (int q = threadIdx.x; q < n * P; q += blockDim.x) {
-        const int img = q / P, p = q - img * P;
-        const double v = y[((int64_t)img * c_out + co) * P + p];
+    mdl_for_channel(n, c_out, P, co, [&](int64_t o) { return y[o]; }, [&](int64_t, float f) {
+        const double v = f;
         a += v;
         q2 += v * v;
-    }
+    });
     a = mdl_block_sum(a, scratch);
     q2 = mdl_block_sum(q2, scratch);
     if (threadIdx.x == 0) {
@@ -268,8 +302,8 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
         mdl::gemm_launch(p, 1, stream);
     }
     if ((channel_sum || channel_sumsq) && g.c_out > 0)
-        conv_channel_sums<<<(unsigned)g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, y,
-                                                                 channel_sum, channel_sumsq);
+        conv_channel_sums<<<(unsigned)g.c_out, MDL_CHANNEL_THREADS, 0, stream>>>(
+            g.n, g.c_out, g.P, y, channel_sum, channel_sumsq);
     return mdl_cuda_launched(fn);
 }
 
@@ -473,6 +507,7 @@ mdl_status mdl_cuda_conv2d_backward_bias(const mdl_conv2d_shape *s, const float 
     if (st != MDL_OK) return st;
     MDL_CHECK_PTR(dy);
     MDL_CHECK_PTR(db);
-    conv_bias_grad<<<g.c_out, 256, 0, stream>>>(g.n, g.c_out, g.P, dy, db, accumulate != 0);
+    conv_bias_grad<<<g.c_out, MDL_CHANNEL_THREADS, 0, stream>>>(g.n, g.c_out, g.P, dy, db,
+                                                                accumulate != 0);
     return mdl_cuda_launched(__func__);
 }
