@@ -23,6 +23,7 @@ bindings: it imports neither ops nor anything above it, and never pycuda unless 
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import re
 from decimal import Decimal, InvalidOperation
@@ -126,7 +127,7 @@ class DeviceArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -141,11 +142,11 @@ class DeviceArray:
             shape = tuple(shape[0])
         shape = tuple(int(d) for d in shape)
         if shape.count(-1) == 1:
-            rest = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+            rest = math.prod(d for d in shape if d != -1)
             if rest == 0 or self.size % rest:
                 raise ValueError(f"cannot reshape an array of shape {self.shape} into {shape}")
             shape = tuple(self.size // rest if d == -1 else d for d in shape)
-        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != self.size:
+        if any(d < 0 for d in shape) or math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape an array of shape {self.shape} into {shape}")
         return DeviceArray(self.device, self.mem, shape, self.dtype, self.offset)
 
@@ -246,7 +247,7 @@ class Device:
     # -- arrays ----------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> DeviceArray:
         shape, dtype = _shape(shape), np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         return DeviceArray(self, self._allocate(count * dtype.itemsize, count, dtype), shape,
                            dtype)
 
