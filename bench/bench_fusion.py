@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minidl  # noqa: E402
+from machine import git_commit  # noqa: E402
 from minidl import models  # noqa: E402
 from minidl.device import get_device  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
@@ -136,10 +137,8 @@ def main(argv=None):
                   f"{lu['forward_ms']:7.1f} ms, backward {lf.get('backward_ms', 0):7.1f} / "
                   f"{lu['backward_ms']:7.1f} ms")
     if a.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent).stdout.strip()
         Path(a.json).write_text(json.dumps({
-            "date": datetime.date.today().isoformat(), "commit": commit,
+            "date": datetime.date.today().isoformat(), "commit": git_commit(),
             "device": dev.name, "device_name": getattr(dev, "gpu_name", None),
             "threads": a.threads, "simd": minidl.get_simd(), "repeats": a.repeats,
             "steps": a.steps, "results": results}, indent=1) + "\n")

@@ -18,6 +18,9 @@ def cpu_model() -> str:
 
 
 def git_commit(short: bool = True) -> str:
+    """HEAD's hash, or $MINIDL_COMMIT where set (a copy of the tree on another machine)."""
+    if os.environ.get("MINIDL_COMMIT"):
+        return os.environ["MINIDL_COMMIT"]
     cmd = ["git", "rev-parse"] + (["--short"] if short else []) + ["HEAD"]
     try:
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
