@@ -28,14 +28,8 @@
 
 namespace mdl {
 
-/* Blocks of 128 threads (the 32 x 128 tiles) get at most 128 registers a thread, so
- * that four run on a multiprocessor: left alone, the compiler gave the convolutions'
- * gathering problems 140-170, two blocks to hide the gathers' latency.  0: no bound. */
-#define MDL_GEMM_MIN_BLOCKS(threads) ((threads) <= 128 ? 4 : 0)
-
 template <int BM, int BN, int BK, int TM, int TN, class P>
-__global__ void
-__launch_bounds__((BM / TM) * (BN / TN), MDL_GEMM_MIN_BLOCKS((BM / TM) * (BN / TN)))
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
 gemm_tiled(const P p, int tiles_n)
 {
     /* C (M, N): block b computes the tile (b / tiles_n, b % tiles_n) of BM x BN, k slice blockIdx.y */
