@@ -55,7 +55,7 @@ import sys
 import time
 
 from bench_train import (ROOT, TORCH_NETS, RunFailed, default_torch_python,  # bench/
-                         parse_models, run_json)
+                         parse_models, portable, run_json)
 from machine import cpu_model, git_commit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -299,14 +299,6 @@ def load_average() -> list:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
-
-
-def portable(text: str, torch_python: str) -> str:
-    """A command as recorded: no paths of the machine it ran on."""
-    text = text.replace(TORCH_NETS, "bench/torch_nets.py")
-    if torch_python:
-        text = text.replace(torch_python, "TORCH_PYTHON")
-    return text.replace(sys.executable, "python").replace(ROOT + os.sep, "")
 
 
 def measure_fma_peak(threads: int) -> dict:

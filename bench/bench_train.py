@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -178,9 +179,15 @@ def summarise(runs: list) -> dict:
 
 
 def portable(text: str, torch_python: str) -> str:
-    """A command as recorded in the results: no paths of the machine it ran on."""
-    return (text.replace(torch_python, "TORCH_PYTHON").replace(sys.executable, "python")
-            .replace(ROOT + os.sep, ""))
+    """A command as recorded in the results: no paths of the machine it ran on (the
+    interpreters by role, whole paths only: a torch_python named without its folder,
+    like python3, is looked up on PATH first)."""
+    text = text.replace(TORCH_NETS, "bench/torch_nets.py")
+    torch_path = shutil.which(torch_python) if torch_python else None
+    for path, name in ((sys.executable, "python"), (torch_path, "TORCH_PYTHON")):
+        if path:
+            text = text.replace(path, name)
+    return text.replace(ROOT + os.sep, "")
 
 
 def print_table(name: str, batch: int, threads: int, repeats: int, s: dict) -> None:

@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-import minidl  # noqa: E402
 from machine import git_commit  # noqa: E402
 from minidl import models  # noqa: E402
 from minidl.device import get_device  # noqa: E402
