@@ -16,6 +16,7 @@
  * dx, dw and db are overwritten (accumulate 0) or added to (1); the plain backward_data
  * overwrites.
  * Argument checks as in src_c/conv.c (the shape check is shared: src_c/checks.h). */
+#include "fastdiv.cuh"
 #include "gemm.cuh"
 #include "../src_c/checks.h"
 
@@ -23,33 +24,11 @@
 
 namespace {
 
-/* q / d for 0 <= q < 2^31 as a multiply and a shift (the gathers' index arithmetic;
- * the GPU has no integer divide): with l = ceil(log2 d) and s = 31 + l, m = ceil(2^s / d)
- * is below 2^32, and q * m / 2^s exceeds q / d by less than 2^-l <= 1 / d, too little
- * to reach the next integer, so the floors agree. */
-struct fastdiv {
-    uint32_t m;
-    int s;
-    fastdiv() = default;
-    explicit fastdiv(int d) /* d < 1 (an empty extent, never divided by) counts as 1 */
-    {
-        if (d < 1) d = 1;
-        int l = 0;
-        while ((1LL << l) < d) l++;
-        s = 31 + l;
-        m = (uint32_t)(((1ULL << s) + (uint64_t)d - 1) / (uint64_t)d);
-    }
-    __device__ __forceinline__ int div(int q) const
-    {
-        return (int)(((uint64_t)(uint32_t)q * m) >> s);
-    }
-};
-
 struct conv_geom {
     int n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, ho, wo;
     int K, P; /* c_in*kh*kw, ho*wo */
     /* dividing by P, wo, kh*kw, kw, h*w, w, sh, sw */
-    fastdiv by_P, by_wo, by_khw, by_kw, by_hw, by_w, by_sh, by_sw;
+    mdl_fastdiv by_P, by_wo, by_khw, by_kw, by_hw, by_w, by_sh, by_sw;
 };
 
 /* mdl_conv2d_check_shape (src_c/checks.h), then the limits of the CUDA kernels:
@@ -74,14 +53,14 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
     *g = {(int)s->n, (int)s->c_in, (int)s->h, (int)s->w, (int)s->c_out, (int)s->kh, (int)s->kw,
           (int)s->stride_h, (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo,
           (int)K, (int)P};
-    g->by_P = fastdiv(g->P);
-    g->by_wo = fastdiv(g->wo);
-    g->by_khw = fastdiv(g->kh * g->kw);
-    g->by_kw = fastdiv(g->kw);
-    g->by_hw = fastdiv(g->h * g->w);
-    g->by_w = fastdiv(g->w);
-    g->by_sh = fastdiv(g->sh);
-    g->by_sw = fastdiv(g->sw);
+    g->by_P = mdl_fastdiv(g->P);
+    g->by_wo = mdl_fastdiv(g->wo);
+    g->by_khw = mdl_fastdiv(g->kh * g->kw);
+    g->by_kw = mdl_fastdiv(g->kw);
+    g->by_hw = mdl_fastdiv(g->h * g->w);
+    g->by_w = mdl_fastdiv(g->w);
+    g->by_sh = mdl_fastdiv(g->sh);
+    g->by_sw = mdl_fastdiv(g->sw);
     return MDL_OK;
 }
 

@@ -1,9 +1,14 @@
 """The cuda device's call adapter, without a GPU: arguments given in the CPU
 binding's order reach the CUDA binding's parameters (addresses, workspace sizes,
-element counts, a loss written to device memory)."""
+element counts, a loss written to device memory), and the kernels' host-checkable
+arithmetic."""
+import shutil
+import subprocess
 import types
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from minidl.device import DeviceArray
 from minidl.device.cuda import CudaDevice
@@ -114,3 +119,15 @@ def test_batch_norm_stats_keeps_its_count():
     dev._launch("batch_norm_stats", batch_norm_stats,
                 (4, 50, a, a, a, a, 1e-5, 0.1, None, None, a, a, a, a))
     assert seen == {"c": 4, "count": 50, "running_mean": 0}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_gathers_division_by_multiply_and_shift_is_exact(tmp_path):
+    """src_cuda/fastdiv.cuh (the convolutions' index arithmetic) against `/`, on the host."""
+    here = Path(__file__).parent
+    exe = tmp_path / "test_fastdiv"
+    subprocess.run(["g++", "-std=c++17", "-O2", "-Wall", "-Wextra", "-o", str(exe),
+                    str(here / "c" / "test_fastdiv.cpp")], check=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    assert " 0 wrong" in r.stdout
