@@ -33,22 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
+from bench_fusion import _setup as fusion_setup  # noqa: E402
 from machine import git_commit  # noqa: E402
-from minidl import models  # noqa: E402
 from minidl.device import get_device  # noqa: E402
-from minidl.optim import SGD  # noqa: E402
-from minidl.plan import make_plan  # noqa: E402
-from minidl.runtime import Executor  # noqa: E402
 
 WARMUP = 2
 
 
 def _setup(model, batch, fuse):
     dev = get_device("cuda")
-    net = models.build(model, seed=0).to(dev)
-    opt = SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    ex = Executor(net, make_plan(net, batch, optimizer_slots=len(opt.slots), device=dev,
-                                 fuse=fuse), seed=0)
+    ex, opt = fusion_setup(model, batch, fuse, dev)
+    net = ex.net
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
     y = rng.integers(0, net.output_shape[0], batch)
