@@ -14,7 +14,11 @@ packed whole), and op(A) is read in place when it is not transposed and alpha is
 1; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
 groups of 8 x 32, op(B) read in place when it is not transposed, 64-byte aligned
 and M <= 256, else packed a group at a time when the threads split only the
-columns.  The shapes below cross each of these boundaries.
+columns; but with op(A) not transposed and op(B) transposed (rows of both along K),
+C of m + n <= 320 and at most 32 (m + n) elements and K >= 256, dot products over K
+in chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256),
+4 x 4 of them to a tile, the chunks' partial sums added in chunk order.  The shapes
+below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -45,6 +49,11 @@ MIXED = [
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
     (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
+    # AVX-512 dot products (op(B) transposed only):
+    (16, 27, 4100),   # two K chunks (4096), the second of 4; a tile of 3 columns
+    (7, 33, 9000),    # three K chunks, tiles of 3 rows and of 1 column, K % 16 = 8
+    (1, 300, 700),    # m + n = 301: chunks of 576, one row
+    (100, 10, 1000),  # 25 row blocks, tiles of 2 columns
 ]
 
 # edge sizes: every row count of a tile, column counts around 16 and 32
@@ -150,17 +159,19 @@ def test_sgemm_nan_in_inputs_propagates(simd):
     assert np.isnan(got[3]).all() and np.isfinite(np.delete(got, 3, axis=0)).all()
 
 
-@pytest.mark.parametrize("m,n,k", [(130, 200, 333), (16, 2000, 800), (256, 64, 2304),
-                                   (20, 300, 800), (16, 1024, 27), (5, 100, 300)])
-def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k):
+@pytest.mark.parametrize("m,n,k,trans_b", [
+    (130, 200, 333, False), (16, 2000, 800, False), (256, 64, 2304, False),
+    (20, 300, 800, False), (16, 1024, 27, False), (5, 100, 300, False),
+    (16, 27, 9000, True), (33, 64, 2000, True)])
+def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k, trans_b):
     """Each SIMD kernel sums each element in the same order whatever the thread grid."""
-    a, b = f32(rng, m, k), f32(rng, k, n)
+    a, b = f32(rng, m, k), f32(rng, *((n, k) if trans_b else (k, n)))
     before = minidl.get_num_threads()
     try:
         results = []
         for nt in (1, 2, 3):
             minidl.set_num_threads(nt)
-            results.append(ops.sgemm(a, b))
+            results.append(ops.sgemm(a, b, trans_b=trans_b))
     finally:
         minidl.set_num_threads(before)
     for r in results[1:]:
