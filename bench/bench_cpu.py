@@ -22,7 +22,9 @@ minidl run that reports another SIMD level than --simd is an error.
 
 After the nets: the machine's FMA peak (bench/fma_peak.c, compiled into a
 temporary directory, one copy per thread at once; skipped without a C compiler)
-and the SGEMM shapes (square 512-2048 and the convolutions' im2col GEMMs),
+and the SGEMM shapes (square 512-2048 and the GEMMs of the nets' convolutions:
+forward, data and weight gradient of each layer as bench_gemm.conv_gemms lays them
+out, op(A) or op(B) transposed as there),
 minidl and NumPy alternating with bench_gemm.py's code, in this process, in
 rounds over all the shapes (so that one shape's samples are spread over the
 whole stage, not taken in one slow minute), each round on fresh operands at
@@ -54,6 +56,7 @@ import subprocess
 import sys
 import time
 
+from bench_gemm import conv_gemms  # bench/
 from bench_train import (ROOT, TORCH_NETS, RunFailed, default_torch_python,  # bench/
                          parse_models, portable, run_json)
 from machine import cpu_model, git_commit
@@ -71,9 +74,10 @@ METRICS = ("train_images_per_s", "infer_images_per_s")
 SHORT = {"train_images_per_s": "train", "infer_images_per_s": "infer"}
 
 GEMM_SQUARE = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048)]
-# the im2col GEMMs of the nets' convolutions: c_out x (h_out w_out) x (c_in kh kw)
-GEMM_CONV = [(16, 1024, 27), (64, 1024, 576), (128, 256, 1152), (256, 64, 2304),
-             (128, 4096, 1152)]
+# the GEMMs of cifar10_quick's and resnet20's convolutions, (label, m, n, k, trans_a,
+# trans_b): c_out x (images h_out w_out) x (c_in kh kw) forward, its data and weight
+# gradients, for a chunk of images as src_c/conv.c forms them
+GEMM_CONV = conv_gemms()
 
 GOALS = {
     "train_vs_torch": 1.5,      # minidl / PyTorch's faster layout, training images/s
@@ -148,10 +152,19 @@ def summarise_gemm(rows, peak_gflops) -> list:
         ratio = stats(tn / tm for tm, tn in zip(row["minidl_s"], row["numpy_s"]))
         pct = (100 * g_mdl["median"] / peak_gflops
                if peak_gflops and g_mdl["median"] is not None else None)
-        out.append({"m": row["m"], "n": row["n"], "k": row["k"], "kind": row["kind"],
+        out.append({**{key: row[key] for key in ("m", "n", "k", "kind", "label", "trans_a",
+                                                  "trans_b") if key in row},
                     "minidl_gflops": g_mdl, "numpy_gflops": g_np,
                     "minidl_pct_peak": pct, "vs_numpy": ratio})
     return out
+
+
+def gemm_name(row, sep="x") -> str:
+    """'16x27x48128 NT (resnet20 conv1 bwd-w)', or '512x512x512 (square)' (sep " x " for
+    the tables; rows of older results have neither transposes nor label)."""
+    t = "".join("T" if row.get(f"trans_{x}") else "N" for x in "ab")
+    dims = sep.join(str(row[d]) for d in "mnk") + ("" if t == "NN" else f" {t}")
+    return f"{dims} ({row.get('label') or row['kind']})"
 
 
 def _verdict(goal, subject, value, target, higher_is_better=True, unit="x"):
@@ -179,7 +192,7 @@ def verdicts(nets: dict, gemm: list, threads: int, goals: dict = GOALS) -> list:
         out.append(_verdict("rss_vs_torch", subject, ratio, goals["rss_vs_torch"],
                             higher_is_better=False))
     for row in gemm:
-        subject = f"sgemm {row['m']}x{row['n']}x{row['k']}, {threads} threads"
+        subject = f"sgemm {gemm_name(row)}, {threads} threads"
         goal = f"gemm_{row['kind']}_pct_peak"
         out.append(_verdict(goal, subject, row["minidl_pct_peak"], goals[goal], unit="%"))
         out.append(_verdict("gemm_vs_numpy", subject, row["vs_numpy"]["median"],
@@ -252,7 +265,7 @@ def render_markdown(data: dict) -> str:
               "|---|---|---|---|---|"]
     for row in data["gemm"]["summary"]:
         pct = "-" if row["minidl_pct_peak"] is None else f"{row['minidl_pct_peak']:.0f}%"
-        lines.append(f"| {row['m']} x {row['n']} x {row['k']} ({row['kind']}) | "
+        lines.append(f"| {gemm_name(row, ' x ')} | "
                      f"{_spread(row['minidl_gflops'])} | {pct} | {_spread(row['numpy_gflops'])} | "
                      f"{_spread(row['vs_numpy'], 2)} |")
     lines += ["", "| goal | subject | measured | target | verdict |", "|---|---|---|---|---|"]
@@ -319,11 +332,11 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
     if minidl.get_simd() != simd:
         raise RunFailed(f"sgemm: minidl runs {minidl.get_simd()}, not {simd}")
     rng = np.random.default_rng(0)
-    rows = [{"m": m, "n": n, "k": k, "kind": kind, "minidl_s": [], "numpy_s": [], "layout": []}
-            for kind, (m, n, k) in shapes]
+    rows = [{**shape, "minidl_s": [], "numpy_s": [], "layout": []} for shape in shapes]
     for rnd in range(rounds):
         for row in rows:
-            case = bench_gemm.make_case(np, _C, row["m"], row["n"], row["k"], rng)
+            case = bench_gemm.make_case(np, _C, row["m"], row["n"], row["k"], rng,
+                                        row["trans_a"], row["trans_b"])
             row["minidl_s"].append(bench_gemm.timed(case.run_minidl, min_time, settle))
             row["numpy_s"].append(bench_gemm.timed(case.run_numpy, min_time, settle))
             row["layout"].append(case.layout)
@@ -331,7 +344,7 @@ def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) ->
         progress(f"  sgemm round {rnd + 1} of {rounds} done")
     for row in rows:
         flop = 2.0 * row["m"] * row["n"] * row["k"]
-        progress(f"  sgemm {row['m']}x{row['n']}x{row['k']:<6} minidl "
+        progress(f"  sgemm {gemm_name(row):<44} minidl "
                  f"{flop / statistics.median(row['minidl_s']) / 1e9:7.1f}  NumPy "
                  f"{flop / statistics.median(row['numpy_s']) / 1e9:7.1f} GFLOP/s (medians)")
     info = {"numpy": np.__version__, "numpy_blas": bench_gemm.numpy_blas(np),
@@ -483,7 +496,10 @@ def main(argv=None) -> int:
         time.sleep(args.settle)
         before = measure_fma_peak(args.threads)
         progress(f"  FMA peak, {args.threads} copies: {before}")
-        shapes = [("square", s) for s in GEMM_SQUARE] + [("conv", s) for s in GEMM_CONV]
+        shapes = ([{"kind": "square", "label": None, "m": m, "n": n, "k": k, "trans_a": False,
+                    "trans_b": False} for m, n, k in GEMM_SQUARE]
+                  + [{"kind": "conv", "label": label, "m": m, "n": n, "k": k, "trans_a": ta,
+                      "trans_b": tb} for label, m, n, k, ta, tb in GEMM_CONV])
         try:
             gemm_rows, gemm_info = run_gemm(shapes, args.threads, args.gemm_rounds,
                                             args.gemm_min_time, args.gemm_settle, args.simd,

@@ -59,8 +59,12 @@ def test_summarise_net():
 def test_summarise_gemm_and_verdicts():
     rows = [{"m": 1000, "n": 1000, "k": 1000, "kind": "square",
              "minidl_s": [0.02, 0.025, 0.01], "numpy_s": [0.025, 0.02, 0.02]},
-            {"m": 10, "n": 100, "k": 5, "kind": "conv", "minidl_s": [1e-5], "numpy_s": [5e-6]}]
+            {"m": 10, "n": 100, "k": 5, "kind": "conv", "minidl_s": [1e-5], "numpy_s": [5e-6]},
+            {"m": 16, "n": 27, "k": 4800, "kind": "conv", "label": "resnet20 conv1 bwd-w",
+             "trans_a": False, "trans_b": True, "minidl_s": [4e-5], "numpy_s": [4e-5]}]
     g = bench_cpu.summarise_gemm(rows, peak_gflops=200.0)
+    assert g[2]["label"] == "resnet20 conv1 bwd-w" and g[2]["trans_b"] is True
+    assert bench_cpu.gemm_name(g[2], " x ") == "16 x 27 x 4800 NT (resnet20 conv1 bwd-w)"
     assert g[0]["minidl_gflops"]["median"] == pytest.approx(100.0)   # 2e9 flop / 0.02 s
     assert g[0]["minidl_pct_peak"] == pytest.approx(50.0)
     assert g[0]["vs_numpy"]["samples"] == pytest.approx([1.25, 0.8, 2.0])
@@ -74,12 +78,15 @@ def test_summarise_gemm_and_verdicts():
     assert v["threads_speedup", "net, batch 8"]["pass"] is True       # 1.8 >= 1.8
     assert v["rss_vs_torch", "net, batch 8"]["value"] == pytest.approx(92 / 355)
     assert v["rss_vs_torch", "net, batch 8"]["pass"] is True
-    assert v["gemm_square_pct_peak", "sgemm 1000x1000x1000, 2 threads"]["pass"] is False
-    assert v["gemm_vs_numpy", "sgemm 1000x1000x1000, 2 threads"]["pass"] is True   # 1.25
-    assert v["gemm_vs_numpy", "sgemm 10x100x5, 2 threads"]["pass"] is False
+    assert v["gemm_square_pct_peak", "sgemm 1000x1000x1000 (square), 2 threads"]["pass"] is False
+    assert v["gemm_vs_numpy", "sgemm 1000x1000x1000 (square), 2 threads"]["pass"] is True  # 1.25
+    assert v["gemm_vs_numpy", "sgemm 10x100x5 (conv), 2 threads"]["pass"] is False
+    # 2 x 16 x 27 x 4800 flop in 40 us: 103.7 GFLOP/s, 52% of 200
+    assert v["gemm_conv_pct_peak", "sgemm 16x27x4800 NT (resnet20 conv1 bwd-w), 2 threads"][
+        "value"] == pytest.approx(51.84)
     # no peak measured: the %-of-peak goals are not decided
     v = bench_cpu.verdicts(nets, bench_cpu.summarise_gemm(rows, None), threads=2)
-    assert [x["pass"] for x in v if x["goal"].endswith("pct_peak")] == [None, None]
+    assert [x["pass"] for x in v if x["goal"].endswith("pct_peak")] == [None, None, None]
 
 
 def _fake_results():
@@ -111,8 +118,8 @@ def test_markdown_tables():
         in md
     assert "| training images/s, minidl / PyTorch's faster layout | cifar10_quick, batch 100 | " \
            "1.38x | >= 1.50x | **fail** |" in md
-    assert "| SGEMM, % of the measured FMA peak | sgemm 512x512x512, 2 threads | 112% | >= 85% | " \
-           "pass |" in md
+    assert "| SGEMM, % of the measured FMA peak | sgemm 512x512x512 (square), 2 threads | 112% | " \
+           ">= 85% | pass |" in md
     assert md.endswith("4 of 6 goals met.")
     assert "**" not in bench_cpu.format_text(_fake_results())
 
