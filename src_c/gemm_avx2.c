@@ -45,6 +45,7 @@
 #define COLS_SPLIT_M (3 * MR)
 #define COLS_SPLIT_IN_PLACE_M (2 * MR)
 #define SHARED_IN_PLACE_M 0 /* B read in place with 6-row tiles: 64 x 1024 x 576 at 0.62x */
+#define SHARED_IN_PLACE_UNALIGNED_M 0
 #define B_ALIGN 8 /* floats in a ymm */
 
 /* ---- packing ------------------------------------------------------------------ */

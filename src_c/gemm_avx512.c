@@ -62,6 +62,11 @@
 #ifndef SHARED_IN_PLACE_M
 #  define SHARED_IN_PLACE_M 256
 #endif
+/* ... and whatever the rows' alignment when C has at most this many rows: packing then
+ * costs more than the loads that span two lines (B 16 bytes into a line, 2 threads:
+ * 16 x 12288 x 144 1.22x, 32 x 6400 x 288 1.14x, 48 x 10000 x 200 1.24x, 64 x 3264 x 576
+ * 1.07x; from 96 rows it loses: 96 x 4096 x 576 0.86x, 128 x 4096 x 1152 0.77x) */
+#define SHARED_IN_PLACE_UNALIGNED_M 64
 
 /* The lowest `count` lanes (count clamped to [0, 16]). */
 static inline __mmask16 lanes(int64_t count)

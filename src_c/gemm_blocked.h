@@ -10,7 +10,7 @@
  *                  of the two micro-panels the inner loop holds still (see below)
  *   MB_MAX, NC_MAX rows of A, columns of B packed per step
  *   ROWS_SPLIT_BLOCK, ROWS_SPLIT_B_MAX, COLS_SPLIT_M, COLS_SPLIT_IN_PLACE_M,
- *   SHARED_IN_PLACE_M
+ *   SHARED_IN_PLACE_M, SHARED_IN_PLACE_UNALIGNED_M
  *                  when each driver takes a shape, and when B is read in place
  *   LAZY_B         whether B is packed a column group at a time when no two threads
  *                  share columns (below)
@@ -42,7 +42,8 @@
  *     for pc over K in blocks of kc
  *       for ic over M in blocks of mb        A block  (mb x kc) shared
  *         pack B (when ic == 0; not when it is read in place: C of at most
- *           SHARED_IN_PLACE_M rows, B's rows aligned; nor when each thread has
+ *           SHARED_IN_PLACE_M rows, B's rows aligned, or of at most
+ *           SHARED_IN_PLACE_UNALIGNED_M rows, B anywhere; nor when each thread has
  *           columns of its own: then a group at a time below) and A, cooperatively;
  *           barrier
  *         each thread: its rows x its columns of the block, in column groups
@@ -252,8 +253,9 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
     }
     float *const bpack = ws;
     float *const apack = ws + bl.kc * bl.nc;
-    const int b_in_place = !trans_b && m <= SHARED_IN_PLACE_M &&
-                           (uintptr_t)b % (4 * B_ALIGN) == 0 && ldb % B_ALIGN == 0;
+    const int b_aligned = (uintptr_t)b % (4 * B_ALIGN) == 0 && ldb % B_ALIGN == 0;
+    const int b_in_place = !trans_b && (m <= SHARED_IN_PLACE_UNALIGNED_M ||
+                                        (m <= SHARED_IN_PLACE_M && b_aligned));
     const int64_t mt = ceil_div(min64(bl.mb, m), MR), ntl = ceil_div(min64(bl.nc, n), NR);
     /* one thread below ~0.5M multiply-adds; never more threads than tiles */
     int nt = mdl_threads_for((double)m * n * k / 8.0);

@@ -12,8 +12,8 @@ and all of it at most 512K, the threads split the columns for M <= 28 (op(B) rea
 in place when it is not transposed, else packed per thread) or the rows (op(B)
 packed whole), and op(A) is read in place when it is not transposed and alpha is
 1; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
-groups of 8 x 32, op(B) read in place when it is not transposed, 64-byte aligned
-and M <= 256, else packed a group at a time when the threads split only the
+groups of 8 x 32, op(B) read in place when it is not transposed and M <= 64, or
+64-byte aligned and M <= 256, else packed a group at a time when the threads split only the
 columns; but with op(A) not transposed and op(B) transposed (rows of both along K),
 C of m + n <= 320 and at most 32 (m + n) elements and K >= 256, dot products over K
 in chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256),
