@@ -11,7 +11,8 @@ three drivers chosen by shape: when a K block of op(B) holds at most 128K floats
 and all of it at most 512K, the threads split the columns for M <= 28 (op(B) read
 in place when it is not transposed, else packed per thread) or the rows (op(B)
 packed whole), and op(A) is read in place when it is not transposed and alpha is
-1; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
+1; the columns split with op(B) in place also for larger op(B) when it is not
+transposed, M <= 28 and K <= 384; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
 groups of 8 x 32, op(B) read in place when it is not transposed and M <= 64, or
 64-byte aligned and M <= 256, else packed a group at a time when the threads split only the
 columns; but with op(A) not transposed and op(B) transposed (rows of both along K),
@@ -45,7 +46,8 @@ MIXED = [
     (1541, 33, 5),    # AVX-512: two row packing steps (1540), a masked column tile
     (64, 31, 770),    # three AVX-512 K blocks; N below one 32-column tile
     (20, 300, 800),   # AVX-512 rows split, B in place (not transposed): three K blocks
-    (9, 4100, 40),    # AVX-512 shared blocks: two column steps (4096)
+    (9, 4100, 40),    # columns split over an op(B) beyond L2 (not transposed: in place)
+    (30, 4100, 40),   # AVX-512 shared blocks: two column steps (4096)
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
     (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
