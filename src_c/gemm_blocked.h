@@ -23,8 +23,9 @@
  *                  or in place (row stride b_ld)
  *
  * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major.  Three drivers, chosen from
- * the shape alone (the workspace's size too; the columns split below with op(B) in
- * place needs none).  When a K block of all of op(B) fits in L2 and all of op(B) is
+ * the shape (and, for the columns split over a large op(B) below, whether op(B) is
+ * transposed); the workspace's size from the shape alone (that case needs none).
+ * When a K block of all of op(B) fits in L2 and all of op(B) is
  * small, A is read in place when op(A) is not transposed and alpha is 1 (else
  * packed), and:
  *
