@@ -274,16 +274,57 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
 
 #include "gemm_blocked.h"
 
+/* ---- small C, long K: the dot products' tile (driver: gemm_dot.h) -------------- */
+
+#define DOT_R 3 /* rows of A and of B^T per tile: 9 accumulators, 6 loads for 9 FMAs */
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* part[r * n + q] = sum over p < kc of a[r * lda + p] * b[q * ldb + p], r < RM, q < RN */
+static inline __attribute__((always_inline)) void
+dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, const float *b,
+         int64_t ldb, float *part, int64_t n)
+{
+    __m256 acc[DOT_R][DOT_R], va[DOT_R], vb[DOT_R];
+    for (int r = 0; r < RM; r++)
+        for (int q = 0; q < RN; q++) acc[r][q] = _mm256_setzero_ps();
+#define DOT_STEP(LOAD)                                                                 \
+    do {                                                                               \
+        for (int r = 0; r < RM; r++) va[r] = LOAD(a + r * lda + p);                    \
+        for (int q = 0; q < RN; q++) vb[q] = LOAD(b + q * ldb + p);                    \
+        for (int r = 0; r < RM; r++)                                                   \
+            for (int q = 0; q < RN; q++) acc[r][q] = _mm256_fmadd_ps(va[r], vb[q], acc[r][q]); \
+    } while (0)
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) DOT_STEP(_mm256_loadu_ps);
+    if (p < kc) { /* the last kc % 8: lanes past it are 0 in both */
+        const __m256i mk = mdl_lane_mask(0, kc - p);
+#define DOT_MASKED(q) _mm256_maskload_ps(q, mk)
+        DOT_STEP(DOT_MASKED);
+#undef DOT_MASKED
+    }
+#undef DOT_STEP
+    for (int r = 0; r < RM; r++)
+        for (int q = 0; q < RN; q++) part[r * n + q] = hsum8(acc[r][q]);
+}
+
+#include "gemm_dot.h"
+
 size_t mdl_sgemm_avx2_workspace_floats(int64_t m, int64_t n, int64_t k)
 {
-    return blocked_workspace_floats(m, n, k);
+    return sgemm_workspace_floats(m, n, k);
 }
 
 void mdl_sgemm_avx2(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc, float *ws)
 {
-    blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
+    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
 }
 
 /* ---- pre-packed A, one thread (for callers that reuse A over many products) ---- */

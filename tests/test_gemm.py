@@ -18,7 +18,8 @@ groups of 8 x 32, op(B) read in place when it is not transposed and M <= 64, or
 columns; but with op(A) not transposed and op(B) transposed (rows of both along K),
 C of m + n <= 320 and at most 32 (m + n) elements and K >= 256, dot products over K
 in chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256),
-4 x 4 of them to a tile, the chunks' partial sums added in chunk order.  The shapes
+4 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added in
+chunk order.  The shapes
 below cross each of these boundaries.
 """
 import numpy as np
@@ -56,6 +57,7 @@ MIXED = [
     (7, 33, 9000),    # three K chunks, tiles of 3 rows and of 1 column, K % 16 = 8
     (1, 300, 700),    # m + n = 301: chunks of 576, one row
     (100, 10, 1000),  # 25 row blocks, tiles of 2 columns
+    (5, 20, 600),     # AVX2 (3 x 3 tiles): tiles of 2 rows and of 2 columns
 ]
 
 # edge sizes: every row count of a tile, column counts around 16 and 32
