@@ -5,22 +5,23 @@ The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows o
 C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
 4096, tiles of 6 x 16; when a K block of op(B) holds at most 64K floats and C at
 most 18 rows, the threads split the columns (op(B) read in place when it is not
-transposed and M <= 12, else each thread packs its own panels).  The AVX-512
-kernel: K in blocks of up to 384, tiles of 14 x 32 with masked column edges, and
-three drivers chosen by shape: when a K block of op(B) holds at most 128K floats
-and all of it at most 512K, the threads split the columns for M <= 28 (op(B) read
-in place when it is not transposed, else packed per thread) or the rows (op(B)
-packed whole), and op(A) is read in place when it is not transposed and alpha is
-1; the columns split with op(B) in place also for larger op(B) when it is not
-transposed, M <= 28 and K <= 384; otherwise rows in packing steps of 1540, columns in steps of up to 4096 and
-groups of 8 x 32, op(B) read in place when it is not transposed and M <= 64, or
-64-byte aligned and M <= 256, else packed a group at a time when the threads split only the
-columns; but with op(A) not transposed and op(B) transposed (rows of both along K),
-C of m + n <= 320 and at most 32 (m + n) elements and K >= 256, dot products over K
-in chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256),
-4 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added in
-chunk order.  The shapes
-below cross each of these boundaries.
+transposed and M <= 12, else each thread packs its own panels).
+
+The AVX-512 kernel: K in blocks of up to 384, tiles of 14 x 32 with masked column
+edges, and three drivers chosen by shape: when a K block of op(B) holds at most 128K
+floats and all of it at most 512K, the threads split the columns for M <= 28 (op(B)
+read in place when it is not transposed, else packed per thread) or the rows (op(B)
+packed whole), and op(A) is read in place when it is not transposed and alpha is 1;
+the columns split with op(B) in place also for larger op(B) when it is not
+transposed, M <= 28 and K <= 384 (on AVX2: M <= 12, K <= 320); otherwise rows in
+packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, op(B)
+read in place when it is not transposed and M <= 64, or 64-byte aligned and M <=
+256, else packed a group at a time when the threads split only the columns; but with
+op(A) not transposed and op(B) transposed (rows of both along K), C of m + n <= 320
+and at most 32 (m + n) elements and K >= 256, dot products over K (both levels) in
+chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256), 4
+x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added
+in chunk order. The shapes below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ MIXED = [
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
     (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
-    # AVX-512 dot products (op(B) transposed only):
+    # dot products (op(B) transposed only; AVX-512 4 x 4 tiles, AVX2 3 x 3):
     (16, 27, 4100),   # two K chunks (4096), the second of 4; a tile of 3 columns
     (7, 33, 9000),    # three K chunks, tiles of 3 rows and of 1 column, K % 16 = 8
     (1, 300, 700),    # m + n = 301: chunks of 576, one row
