@@ -22,6 +22,8 @@
 #include "simd_avx2.h"
 
 #define MR 6
+#define SHORT_K 32
+#define SHORT_MR MR /* a tile's 6 rows already fit L1's 8 ways (gemm_blocked.h's tile_rows) */
 #define NR 16
 #define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
 /* The shared-blocks driver: row groups of MC_PANELS A micro-panels (24 x 6 x 320

@@ -37,6 +37,11 @@
 #ifndef NG
 #  define NG 8       /* B micro-panels per column group: 8 x 32 x 384 floats = 384 KiB, in L2 */
 #endif
+/* K of at most SHORT_K: tiles of at most 8 rows, L1's ways (gemm_blocked.h's
+ * tile_rows; C's rows 4 KiB apart, 2 threads, 144 x 12288 x 16 and 75 x 19456 x 32 with
+ * op(A) transposed 1.10-1.19x) */
+#define SHORT_K 32
+#define SHORT_MR 8
 #define MB_MAX (MR * 110)  /* rows of A packed per step (1540 at MR = 14) */
 #define MC_PANELS (MB_MAX / MR) /* a row group is all of the block's rows */
 #define B_PANEL_OUTER 0

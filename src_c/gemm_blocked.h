@@ -3,6 +3,8 @@
  * their pack_a, pack_b and kernel:
  *
  *   MR, NR         rows and columns of a micro-tile
+ *   SHORT_K, SHORT_MR
+ *                  for K of at most SHORT_K, tiles of at most SHORT_MR rows (below)
  *   KC_MAX         K block (an A micro-panel MR x KC_MAX floats stays in L1)
  *   NG             B micro-panels per column group (NG x NR x KC_MAX floats, in L2)
  *   MC_PANELS, B_PANEL_OUTER
@@ -69,8 +71,10 @@
 #ifndef MDL_GEMM_BLOCKED_H
 #define MDL_GEMM_BLOCKED_H
 
-/* A micro-panels of C's rows, at most, in cols_split */
+/* A micro-panels of C's rows in cols_split: MR rows each, or tile_rows(k) for K of
+ * at most SHORT_K with op(B) packed a chunk at a time */
 #define COLS_SPLIT_PANELS ((COLS_SPLIT_M + MR - 1) / MR)
+#define COLS_SPLIT_SHORT_PANELS ((COLS_SPLIT_M + SHORT_MR - 1) / SHORT_MR)
 
 typedef struct blocking {
     int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
@@ -79,6 +83,13 @@ typedef struct blocking {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Rows of C's tiles, at most.  With few steps of K, a tile's stores of C decide its
+ * speed; when C's rows lie a multiple of 4 KiB apart (a convolution's columns, N = a
+ * chunk of images x H x W) every row of a tile falls in the same L1 set, and more rows
+ * than its ways evict each other's lines before the stores reach them: a tile of at
+ * most SHORT_MR rows (the ways) then writes C at full speed. */
+static int64_t tile_rows(int64_t k) { return k <= SHORT_K ? SHORT_MR : MR; }
 
 /* Blocks of nearly equal size no larger than the maxima. */
 static blocking plan_blocks(int64_t m, int64_t n, int64_t k)
@@ -107,7 +118,7 @@ static size_t blocked_workspace_floats(int64_t m, int64_t n, int64_t k)
     blocking bl = plan_blocks(m, n, k);
     if (plan_driver(m, n, k, &bl) != SHARED_BLOCKS) return (size_t)(k * round_up(n, NR));
     /* B panel first: its size is a multiple of NR floats, so A stays aligned */
-    return (size_t)(bl.kc * bl.nc + bl.mb * bl.kc);
+    return (size_t)(bl.kc * bl.nc + ceil_div(bl.mb, tile_rows(k)) * MR * bl.kc);
 }
 
 /* `panels` micro-panels of op(B)'s columns from j0 (ncols columns left there), K rows
@@ -137,6 +148,14 @@ static void pack_b_panels(int trans_b, const float *b, int64_t ldb, int64_t j0, 
 
 /* ---- drivers ------------------------------------------------------------------ */
 
+/* How cols_split reads op(B): packed whole into the workspace, in place, or (K of at
+ * most SHORT_K) packed PACK_B_CHUNK micro-panels at a time into a buffer of the
+ * thread's, with tiles of tile_rows(k) rows */
+enum { COLS_B_PACKED, COLS_B_IN_PLACE, COLS_B_CHUNKS };
+
+_Static_assert(COLS_SPLIT_SHORT_PANELS * SHORT_K <= COLS_SPLIT_PANELS * KC_MAX,
+               "cols_split's A panels for short K fit its buffer");
+
 /* Columns split: each thread takes its own column panels of C and all its rows
  * (at most COLS_SPLIT_PANELS A micro-panels, packed per K block unless read in
  * place) and, K block by K block, reads op(B) in place or packs its own panels,
@@ -144,11 +163,13 @@ static void pack_b_panels(int trans_b, const float *b, int64_t ldb, int64_t j0, 
  * in L1.  Every element of B is read by one thread and there is no barrier (2
  * threads, 16 x 1024 x 27, against each thread's own rows: AVX-512 with B in place
  * 1.12x, AVX2 packing 1.63x). */
-static void cols_split(int in_place, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+static void cols_split(int b_mode, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                        float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                        float beta, float *c, int64_t ldc, int64_t kc, float *bpack)
 {
-    const int64_t npan = ceil_div(n, NR), mpan = ceil_div(m, MR);
+    const int64_t npan = ceil_div(n, NR);
+    const int64_t mpan = ceil_div(m, b_mode == COLS_B_CHUNKS ? tile_rows(k) : MR);
+    const int in_place = b_mode == COLS_B_IN_PLACE;
     /* with a single fork and join, two threads pay from about 128K multiply-adds */
     int nt = mdl_threads_for((double)m * n * k / 2.0);
     if (nt > npan) nt = (int)npan;
@@ -159,10 +180,13 @@ static void cols_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
     {
         int t, T;
         MDL_THREAD_ID(t, T);
-        float apanel[COLS_SPLIT_PANELS][MR * KC_MAX] __attribute__((aligned(64)));
-        const float *ap[COLS_SPLIT_PANELS];
+        /* A micro-panel pr at apanel + pr * MR * kb */
+        float apanel[COLS_SPLIT_PANELS * MR * KC_MAX] __attribute__((aligned(64)));
+        float bchunk[b_mode == COLS_B_CHUNKS ? PACK_B_CHUNK * NR * SHORT_K : 1]
+            __attribute__((aligned(64)));
+        const float *ap[COLS_SPLIT_SHORT_PANELS];
         /* rows spread evenly over the panels: panel pr is rows [i0[pr], i0[pr + 1]) */
-        int64_t i0[COLS_SPLIT_PANELS + 1];
+        int64_t i0[COLS_SPLIT_SHORT_PANELS + 1];
         for (int64_t pr = 0; pr <= mpan; pr++) i0[pr] = pr * m / mpan;
         const int64_t q0 = npan * t / T, q1 = npan * (t + 1) / T;
         for (int64_t pc = 0; pc < k; pc += kc) {
@@ -171,20 +195,21 @@ static void cols_split(int in_place, int trans_a, int trans_b, int64_t m, int64_
             for (int64_t pr = 0; pr < mpan; pr++) {
                 if (!a_in)
                     pack_a(trans_a, a, lda, i0[pr], pc, (int)(i0[pr + 1] - i0[pr]), kb, alpha,
-                           apanel[pr]);
-                ap[pr] = a_in ? a + i0[pr] * lda + pc : apanel[pr];
+                           apanel + pr * MR * kb);
+                ap[pr] = a_in ? a + i0[pr] * lda + pc : apanel + pr * MR * kb;
             }
-            /* B's K block: in place (row stride ldb), or packed here (stride 0) */
-            const float *const bk = in_place ? b + pc * ldb : bpack + pc * npan * NR;
+            /* B's K block: in place (row stride ldb), or packed (stride 0) */
             const int64_t b_ld = in_place ? ldb : 0, b_step = in_place ? NR : NR * kb;
             for (int64_t qc = q0; qc < q1; qc += PACK_B_CHUNK) {
                 const int64_t qc1 = min64(qc + PACK_B_CHUNK, q1);
+                const float *bq = b_mode == COLS_B_CHUNKS ? bchunk - qc * b_step
+                                : in_place ? b + pc * ldb : bpack + pc * npan * NR;
                 if (!in_place)
                     pack_b_panels(trans_b, b, ldb, qc * NR, pc, qc1 - qc, n - qc * NR, kb,
-                                  bpack + pc * npan * NR + qc * NR * kb);
+                                  (float *)bq + qc * b_step);
                 for (int64_t q = qc; q < qc1; q++)
                     for (int64_t pr = 0; pr < mpan; pr++)
-                        kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld, bk + q * b_step, b_ld,
+                        kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld, bq + q * b_step, b_ld,
                                c + i0[pr] * ldc + q * NR, ldc, (int)min64(n - q * NR, NR),
                                beta_eff);
             }
@@ -207,7 +232,7 @@ static void rows_split(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
     if (nt > m) nt = (int)m;
     /* row panels: a multiple of the thread count, rows spread evenly over them (panel
      * pr is rows [pr * m / mpan, (pr + 1) * m / mpan)) */
-    const int64_t mpan = round_up(ceil_div(m, MR), nt);
+    const int64_t mpan = round_up(ceil_div(m, tile_rows(k)), nt);
     /* A read in place: each micro-panel of A meets only ceil(n / NR) micro-panels of
      * B, too few to repay packing it (256 x 64 x 2304: 1.13x) */
     const int a_in = !trans_a && alpha == 1.0f;
@@ -250,8 +275,8 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
     const blocking bl = plan_blocks(m, n, k);
     const int driver = plan_driver(m, n, k, &bl);
     if (driver == COLS_SPLIT) {
-        cols_split(!trans_b && m <= COLS_SPLIT_IN_PLACE_M, trans_a, trans_b, m, n, k, alpha, a,
-                   lda, b, ldb, beta, c, ldc, bl.kc, ws);
+        cols_split(!trans_b && m <= COLS_SPLIT_IN_PLACE_M ? COLS_B_IN_PLACE : COLS_B_PACKED,
+                   trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bl.kc, ws);
         return;
     }
     if (driver == ROWS_SPLIT) {
@@ -259,7 +284,11 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
         return;
     }
     if (!trans_b && m <= COLS_SPLIT_IN_PLACE_M && k <= KC_MAX) { /* see the top */
-        cols_split(1, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bl.kc, ws);
+        /* short K with tiles taller than SHORT_MR: B packed a chunk at a time, and tiles of
+         * SHORT_MR rows (27 x 48128 x 16 with op(A) transposed, 2 threads, 1.14-1.16x) */
+        const int chunks = k <= SHORT_K && ceil_div(m, ceil_div(m, MR)) > SHORT_MR;
+        cols_split(chunks ? COLS_B_CHUNKS : COLS_B_IN_PLACE, trans_a, trans_b, m, n, k, alpha, a,
+                   lda, b, ldb, beta, c, ldc, bl.kc, ws);
         return;
     }
     float *const bpack = ws;
@@ -267,7 +296,8 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
     const int b_aligned = (uintptr_t)b % (4 * B_ALIGN) == 0 && ldb % B_ALIGN == 0;
     const int b_in_place = !trans_b && (m <= SHARED_IN_PLACE_UNALIGNED_M ||
                                         (m <= SHARED_IN_PLACE_M && b_aligned));
-    const int64_t mt = ceil_div(min64(bl.mb, m), MR), ntl = ceil_div(min64(bl.nc, n), NR);
+    const int64_t mt = ceil_div(min64(bl.mb, m), tile_rows(k));
+    const int64_t ntl = ceil_div(min64(bl.nc, n), NR);
     /* one thread below ~0.5M multiply-adds; never more threads than tiles */
     int nt = mdl_threads_for((double)m * n * k / 8.0);
     if (nt > mt * ntl) nt = (int)(mt * ntl);
@@ -296,7 +326,7 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                     const int64_t mbk = min64(m - ic, bl.mb);
                     /* rows spread evenly over the panels (16 rows: 8 + 8, not 14 + 2): a
                      * tile of few rows does few FMAs per load of B */
-                    const int64_t mpan = ceil_div(mbk, MR), h = ceil_div(mbk, mpan);
+                    const int64_t mpan = ceil_div(mbk, tile_rows(k)), h = ceil_div(mbk, mpan);
                     const int64_t r0 = mpan * ti / tm, r1 = mpan * (ti + 1) / tm;
 
                     /* pack: my column panels are shared with the tm threads of my

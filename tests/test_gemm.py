@@ -13,8 +13,10 @@ floats and all of it at most 512K, the threads split the columns for M <= 28 (op
 read in place when it is not transposed, else packed per thread) or the rows (op(B)
 packed whole), and op(A) is read in place when it is not transposed and alpha is 1;
 the columns split with op(B) in place also for larger op(B) when it is not
-transposed, M <= 28 and K <= 384 (on AVX2: M <= 12, K <= 320); otherwise rows in
-packing steps of 1540, columns in steps of up to 4096 and groups of 8 x 32, op(B)
+transposed, M <= 28 and K <= 384 (on AVX2: M <= 12, K <= 320), but for K <= 32
+where its tiles would have more than 8 rows with op(B) packed 4 micro-panels at a
+time into the thread's buffer and tiles of at most 8 rows; otherwise rows in
+packing steps of 1540 (tiles of at most 8 rows for K <= 32 here too), columns in steps of up to 4096 and groups of 8 x 32, op(B)
 read in place when it is not transposed and M <= 64, or 64-byte aligned and M <=
 256, else packed a group at a time when the threads split only the columns; but with
 op(A) not transposed and op(B) transposed (rows of both along K), C of m + n <= 320
@@ -53,6 +55,10 @@ MIXED = [
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
     (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
+    # K <= 32 (AVX-512: tiles of at most 8 rows):
+    (27, 8200, 16),   # columns split over a large op(B), B packed 4 panels at a time
+    (27, 8200, 33),   # ... K of one more: B in place, 14-row tiles
+    (100, 9000, 32),  # shared blocks: 13 row panels, 12 of 8 rows and one of 4
     # dot products (op(B) transposed only; AVX-512 4 x 4 tiles, AVX2 3 x 3):
     (16, 27, 4100),   # two K chunks (4096), the second of 4; a tile of 3 columns
     (7, 33, 9000),    # three K chunks, tiles of 3 rows and of 1 column, K % 16 = 8
@@ -167,7 +173,7 @@ def test_sgemm_nan_in_inputs_propagates(simd):
 @pytest.mark.parametrize("m,n,k,trans_b", [
     (130, 200, 333, False), (16, 2000, 800, False), (256, 64, 2304, False),
     (20, 300, 800, False), (16, 1024, 27, False), (5, 100, 300, False),
-    (16, 27, 9000, True), (33, 64, 2000, True)])
+    (16, 27, 9000, True), (33, 64, 2000, True), (27, 8200, 16, False), (100, 9000, 32, False)])
 def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k, trans_b):
     """Each SIMD kernel sums each element in the same order whatever the thread grid."""
     a, b = f32(rng, m, k), f32(rng, *((n, k) if trans_b else (k, n)))
