@@ -23,7 +23,9 @@ op(A) not transposed and op(B) transposed (rows of both along K), C of m + n <= 
 and at most 32 (m + n) elements and K >= 256, dot products over K (both levels) in
 chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256), 4
 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added
-in chunk order. The shapes below cross each of these boundaries.
+in chunk order; and other such products with fewer rows than columns, K >= 256 and the
+rows padded to a micro-panel of B^T by at most an eighth of one, as (B @ A^T)^T, B read
+in place by the rows split. The shapes below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -141,6 +143,26 @@ def test_sgemm_alpha_beta_in_place(simd, threads, rng, m, n, k, trans_a, trans_b
     assert_close(out, ref.sgemm(a, b, trans_a, trans_b, alpha, beta, c), "gemm")
 
 
+@pytest.mark.parametrize("m,n,k", [(32, 300, 256), (30, 400, 300), (64, 70, 500), (32, 300, 255),
+                                   (20, 300, 256)])
+def test_sgemm_a_b_transposed_computed_swapped(simd, threads, rng, m, n, k):
+    """C = A @ B^T with fewer rows than columns, K >= 256 and A's rows padded to a
+    micro-panel by at most an eighth of one is computed as (B @ A^T)^T (the first three
+    shapes; not the last two, at the boundaries): alpha, beta, C a view with ldc > n, and
+    a C of NaN with beta 0."""
+    a, b = f32(rng, m, k), f32(rng, n, k)
+    wide = f32(rng, m, n + 5)
+    c = wide[:, :n].copy()
+    out = wide.copy().reshape(-1)
+    _C.sgemm(False, True, m, n, k, -0.5, a.reshape(-1), k, b.reshape(-1), k, 0.75, out, n + 5)
+    out = out.reshape(m, n + 5)
+    assert_close(out[:, :n], ref.sgemm(a, b, False, True, -0.5, 0.75, c), "gemm")
+    np.testing.assert_array_equal(out[:, n:], wide[:, n:])  # the padding is untouched
+    nan = np.full((m, n), np.nan, np.float32)
+    ops.sgemm(a, b, trans_b=True, alpha=1.5, beta=0.0, out=nan)
+    assert_close(nan, ref.sgemm(a, b, False, True, 1.5), "gemm")
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 33, 5), (16, 32, 12), (50, 70, 330)])
 def test_sgemm_beta0_ignores_nan_in_out(simd, threads, rng, m, n, k):
     a, b = f32(rng, m, k), f32(rng, k, n)
@@ -173,7 +195,8 @@ def test_sgemm_nan_in_inputs_propagates(simd):
 @pytest.mark.parametrize("m,n,k,trans_b", [
     (130, 200, 333, False), (16, 2000, 800, False), (256, 64, 2304, False),
     (20, 300, 800, False), (16, 1024, 27, False), (5, 100, 300, False),
-    (16, 27, 9000, True), (33, 64, 2000, True), (27, 8200, 16, False), (100, 9000, 32, False)])
+    (16, 27, 9000, True), (33, 64, 2000, True), (27, 8200, 16, False), (100, 9000, 32, False),
+    (32, 400, 600, True)])
 def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k, trans_b):
     """Each SIMD kernel sums each element in the same order whatever the thread grid."""
     a, b = f32(rng, m, k), f32(rng, *((n, k) if trans_b else (k, n)))
