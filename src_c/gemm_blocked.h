@@ -206,8 +206,7 @@ static void cols_split(int b_mode, int trans_a, int trans_b, int64_t m, int64_t 
         MDL_THREAD_ID(t, T);
         /* A micro-panel pr at apanel + pr * MR * kb */
         float apanel[COLS_SPLIT_PANELS * MR * KC_MAX] __attribute__((aligned(64)));
-        float bchunk[b_mode == COLS_B_CHUNKS ? PACK_B_CHUNK * NR * SHORT_K : 1]
-            __attribute__((aligned(64)));
+        float bchunk[PACK_B_CHUNK * NR * SHORT_K] __attribute__((aligned(64)));
         const float *ap[COLS_SPLIT_SHORT_PANELS];
         /* rows spread evenly over the panels: panel pr is rows [i0[pr], i0[pr + 1]) */
         int64_t i0[COLS_SPLIT_SHORT_PANELS + 1];
@@ -226,15 +225,17 @@ static void cols_split(int b_mode, int trans_a, int trans_b, int64_t m, int64_t 
             const int64_t b_ld = in_place ? ldb : 0, b_step = in_place ? NR : NR * kb;
             for (int64_t qc = q0; qc < q1; qc += PACK_B_CHUNK) {
                 const int64_t qc1 = min64(qc + PACK_B_CHUNK, q1);
-                const float *bq = b_mode == COLS_B_CHUNKS ? bchunk - qc * b_step
-                                : in_place ? b + pc * ldb : bpack + pc * npan * NR;
-                if (!in_place)
-                    pack_b_panels(trans_b, b, ldb, qc * NR, pc, qc1 - qc, n - qc * NR, kb,
-                                  (float *)bq + qc * b_step);
+                float *const dst = in_place ? NULL
+                                 : b_mode == COLS_B_CHUNKS ? bchunk
+                                 : bpack + pc * npan * NR + qc * b_step;
+                if (dst)
+                    pack_b_panels(trans_b, b, ldb, qc * NR, pc, qc1 - qc, n - qc * NR, kb, dst);
+                /* micro-panel q at bq + (q - qc) * b_step */
+                const float *const bq = dst ? dst : b + pc * ldb + qc * NR;
                 for (int64_t q = qc; q < qc1; q++)
                     for (int64_t pr = 0; pr < mpan; pr++)
-                        kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld, bq + q * b_step, b_ld,
-                               c + i0[pr] * ldc + q * NR, ldc, (int)min64(n - q * NR, NR),
+                        kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld, bq + (q - qc) * b_step,
+                               b_ld, c + i0[pr] * ldc + q * NR, ldc, (int)min64(n - q * NR, NR),
                                beta_eff);
             }
         }
