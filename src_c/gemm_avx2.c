@@ -272,6 +272,15 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
     tile(rows, kc, a, a_ld, b, b_ld, NULL, 0, c, ldc, cols, beta, NULL, 0);
 }
 
+/* np full-width tiles side by side, B micro-panel q at b + q * b_step (gemm_blocked.h's
+ * runs; the AVX2 driver's B micro-panel stays outer, so this is a plain loop) */
+static void kernel_run(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b,
+                       int64_t b_ld, int64_t b_step, int64_t np, float *c, int64_t ldc, float beta)
+{
+    for (int64_t q = 0; q < np; q++)
+        kernel(rows, kc, a, a_ld, b + q * b_step, b_ld, c + q * NR, ldc, NR, beta);
+}
+
 /* ---- drivers (gemm_blocked.h) ------------------------------------------------- */
 
 #include "gemm_blocked.h"

@@ -354,6 +354,49 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
 #undef KERNEL_CASE
 }
 
+/* np full-width tiles side by side (C's columns [0, np * NR)), B micro-panel q at b + q *
+ * b_step, packed (b_ld == 0) or in place: one dispatch for a run of gemm_blocked.h's */
+static void kernel_run(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b,
+                       int64_t b_ld, int64_t b_step, int64_t np, float *c, int64_t ldc, float beta)
+{
+#define RUN(R, INPLACE, AIN)                                                                 \
+    for (int64_t q = 0; q < np; q++)                                                        \
+        kernel_rows(R, INPLACE, AIN, a_ld, kc, a, b + q * b_step, INPLACE ? b_ld : NR,       \
+                    c + q * NR, ldc, NR, beta)
+#define RUN_CASE(R)                                                                          \
+    case R:                                                                                  \
+        if (b_ld && a_ld) RUN(R, 2, 1);                                                      \
+        else if (b_ld) RUN(R, 2, 0);                                                         \
+        else if (a_ld) RUN(R, 0, 1);                                                         \
+        else RUN(R, 0, 0);                                                                   \
+        break;
+    switch (rows) {
+#if MR >= 14
+    RUN_CASE(14)
+#endif
+#if MR >= 13
+    RUN_CASE(13)
+#endif
+#if MR >= 12
+    RUN_CASE(12)
+#endif
+#if MR >= 11
+    RUN_CASE(11)
+#endif
+#if MR >= 10
+    RUN_CASE(10)
+#endif
+#if MR >= 9
+    RUN_CASE(9)
+#endif
+    RUN_CASE(8) RUN_CASE(7) RUN_CASE(6) RUN_CASE(5) RUN_CASE(4) RUN_CASE(3) RUN_CASE(2)
+    default:
+    RUN_CASE(1)
+    }
+#undef RUN_CASE
+#undef RUN
+}
+
 /* ---- drivers (gemm_blocked.h) ------------------------------------------------- */
 
 #define B_ALIGN 16 /* floats in a zmm */
