@@ -304,9 +304,12 @@ static void rows_split(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
                 if (!a_in) pack_a(trans_a, a, lda, i0, pc, rows, kb, alpha, apanel);
                 const float *ap = a_in ? a + i0 * lda + pc : apanel;
                 float *crow = c + i0 * ldc;
-                for (int64_t q = 0; q < npan; q++)
-                    kernel(rows, kb, ap, a_ld, bpack + pc * npan * NR + q * NR * kb, 0,
-                           crow + q * NR, ldc, (int)min64(n - q * NR, NR), beta_eff);
+                const float *bk = bpack + pc * npan * NR;
+                if (n / NR) /* the full-width tiles in one run, then the last one's edge */
+                    kernel_run(rows, kb, ap, a_ld, bk, 0, NR * kb, n / NR, crow, ldc, beta_eff);
+                if (n % NR)
+                    kernel(rows, kb, ap, a_ld, bk + n / NR * NR * kb, 0, crow + n / NR * NR, ldc,
+                           (int)(n % NR), beta_eff);
             }
         }
     }
