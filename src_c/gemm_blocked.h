@@ -131,7 +131,20 @@ static int swap_shape(int64_t m, int64_t n, int64_t k)
     return plan_driver(n, m, k, &bl) == ROWS_SPLIT;
 }
 
-static size_t blocked_workspace_floats(int64_t m, int64_t n, int64_t k)
+/* Short K (a tile's stores decide its speed) with C's rows starting inside a line, all at
+ * the same offset (ldc a multiple of 16 floats): C's columns up to the first line
+ * boundary go first, a product of their own, so that the rest stores whole lines.  The
+ * number of those columns, or 0. */
+#define HEAD_MIN_N (16 * NR)
+
+static int64_t head_columns(const float *c, int64_t ldc, int64_t n, int64_t k)
+{
+    const uintptr_t off = (uintptr_t)c % 64;
+    if (k > SHORT_K || n < HEAD_MIN_N || ldc % 16 || off == 0 || off % 4) return 0;
+    return (int64_t)(64 - off) / 4;
+}
+
+static size_t one_workspace_floats(int64_t m, int64_t n, int64_t k)
 {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
     blocking bl = plan_blocks(m, n, k);
@@ -141,9 +154,24 @@ static size_t blocked_workspace_floats(int64_t m, int64_t n, int64_t k)
     else /* B panel first: its size is a multiple of NR floats, so A stays aligned */
         f = (size_t)(bl.kc * bl.nc + ceil_div(bl.mb, tile_rows(k)) * MR * bl.kc);
     if (swap_shape(m, n, k)) { /* T, a multiple of 16 floats, then the swapped product's */
-        const size_t s = (size_t)round_up(m * n, 16) + blocked_workspace_floats(n, m, k);
+        const size_t s = (size_t)round_up(m * n, 16) + one_workspace_floats(n, m, k);
         if (s > f) f = s;
     }
+    return f;
+}
+
+/* The blocked drivers' workspace: one product's, or either part's of head_columns's
+ * split, whichever the address of C asks for */
+static size_t blocked_workspace_floats(int64_t m, int64_t n, int64_t k)
+{
+    size_t f = one_workspace_floats(m, n, k);
+    if (k <= SHORT_K && n >= HEAD_MIN_N)
+        for (int64_t h = 1; h < 16; h++) {
+            const size_t head = one_workspace_floats(m, h, k);
+            const size_t rest = one_workspace_floats(m, n - h, k);
+            if (head > f) f = head;
+            if (rest > f) f = rest;
+        }
     return f;
 }
 
@@ -319,6 +347,13 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc, float *ws)
 {
+    const int64_t head = head_columns(c, ldc, n, k);
+    if (head) { /* see head_columns */
+        blocked_sgemm(trans_a, trans_b, m, head, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
+        blocked_sgemm(trans_a, trans_b, m, n - head, k, alpha, a, lda,
+                      trans_b ? b + head * ldb : b + head, ldb, beta, c + head, ldc, ws);
+        return;
+    }
     if (!trans_a && trans_b && swap_shape(m, n, k)) { /* see swap_shape */
         float *const t = ws;
         blocked_sgemm(0, 1, n, m, k, alpha, b, ldb, a, lda, 0.0f, t, m, ws + round_up(m * n, 16));

@@ -25,7 +25,9 @@ chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256
 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added
 in chunk order; and other such products with fewer rows than columns, K >= 256 and the
 rows padded to a micro-panel of B^T by at most an eighth of one, as (B @ A^T)^T, B read
-in place by the rows split. The shapes below cross each of these boundaries.
+in place by the rows split.  With K <= 32, N >= 512 and C's rows starting inside a
+line, all alike, the columns up to the first line boundary are a product of their own.
+The shapes below cross each of these boundaries.
 """
 import numpy as np
 import pytest
@@ -108,6 +110,21 @@ def test_sgemm_b_read_in_place(simd, threads, rng, m, n, k, offset):
     a, b = f32(rng, m, k), placed(f32(rng, k, n), offset)
     assert (b.ctypes.data % 64 == 0) == (offset == 0)
     assert_close(ops.sgemm(a, b), ref.sgemm(a, b), "gemm", f"sgemm {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("offset", [0, 1, 12])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", [(20, 640, 16), (150, 600, 20), (100, 9000, 32)])
+def test_sgemm_short_k_c_inside_a_line(simd, threads, rng, m, n, k, trans_a, trans_b, offset):
+    """K <= 32, N >= 512 and C's rows starting `offset` floats into a line (ldc a multiple
+    of 16): the columns up to the line boundary are a product of their own; alpha, beta."""
+    a, b = operands(rng, m, n, k, trans_a, trans_b)
+    c = f32(rng, m, n)
+    out = placed(c, offset)
+    got = ops.sgemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=-0.5, beta=0.75, out=out)
+    assert got is out
+    assert_close(out, ref.sgemm(a, b, trans_a, trans_b, -0.5, 0.75, c), "gemm",
+                 f"sgemm {m}x{n}x{k} C {offset} floats into a line")
 
 
 @pytest.mark.parametrize("trans_a,trans_b", TRANS)
