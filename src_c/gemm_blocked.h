@@ -448,7 +448,7 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                     /* short K: my share of the block in one column group when its B
                      * micro-panels fit in 128 KiB, so that an A micro-panel meets them all
                      * in one run and C is written a row panel's full width at a time
-                     * (144 x 12288 x 16 with op(A) transposed, 2 threads: 1.05-1.1x; K = 32,
+                     * (144 x 12288 x 16 with op(A) transposed, 2 threads: 1.07-1.14x; K = 32,
                      * 200-256 KiB of B, lost 11-16% in the machine's slow phases) */
                     const int64_t ng = kb <= SHORT_K && (c1 - c0) * NR * kb <= 32 * 1024
                                            ? c1 - c0 : NG;
