@@ -355,7 +355,9 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
 }
 
 /* np full-width tiles side by side (C's columns [0, np * NR)), B micro-panel q at b + q *
- * b_step, packed (b_ld == 0) or in place: one dispatch for a run of gemm_blocked.h's */
+ * b_step, packed (b_ld == 0) or in place: one dispatch for a run of gemm_blocked.h's.
+ * kernel() keeps its own dispatch without the loop: kernel() as this with np = 1 cost
+ * 16 x 1024 x 27 9-12% and 100 x 100 x 20 2-4% */
 static void kernel_run(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b,
                        int64_t b_ld, int64_t b_step, int64_t np, float *c, int64_t ldc, float beta)
 {
@@ -402,7 +404,7 @@ static void kernel_run(int rows, int64_t kc, const float *a, int64_t a_ld, const
 #define B_ALIGN 16 /* floats in a zmm */
 #include "gemm_blocked.h"
 
-/* ---- small C, long K: the dot products' tile (driver: gemm_blocked.h) ----------- */
+/* ---- small C, long K: the dot products' tile (driver: gemm_dot.h) --------------- */
 
 #define DOT_R 4 /* rows of A and of B^T per tile: 16 accumulators, 8 loads for 16 FMAs */
 

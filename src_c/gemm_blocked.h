@@ -251,39 +251,32 @@ static void cols_split(int b_mode, int trans_a, int trans_b, int64_t m, int64_t 
                            apanel + pr * MR * kb);
                 ap[pr] = a_in ? a + i0[pr] * lda + pc : apanel + pr * MR * kb;
             }
-            /* B's K block: in place (row stride ldb), or packed (stride 0) */
-            const int64_t b_ld = in_place ? ldb : 0, b_step = in_place ? NR : NR * kb;
             for (int64_t qc = q0; qc < q1; qc += PACK_B_CHUNK) {
                 const int64_t qc1 = min64(qc + PACK_B_CHUNK, q1);
-                float *const dst = in_place ? NULL
-                                 : b_mode == COLS_B_CHUNKS ? bchunk
-                                 : bpack + pc * npan * NR + qc * b_step;
-                if (dst)
-                    pack_b_panels(trans_b, b, ldb, qc * NR, pc, qc1 - qc, n - qc * NR, kb, dst);
-                /* micro-panel q at bq + (q - qc) * b_step */
-                const float *const bq = dst ? dst : b + pc * ldb + qc * NR;
-                if (dst) { /* B packed: each A micro-panel against the chunk's panels in turn,
-                            * full-width ones in one run (27 x 48128 x 16, op(A) transposed,
-                            * 2 threads: 1.04-1.09x) */
-                    const int64_t full = min64(qc1, n / NR) - qc;
-                    for (int64_t pr = 0; pr < mpan; pr++) {
-                        const int rows = (int)(i0[pr + 1] - i0[pr]);
-                        float *const cr = c + i0[pr] * ldc + qc * NR;
-                        if (full > 0)
-                            kernel_run(rows, kb, ap[pr], a_ld, bq, 0, b_step, full, cr, ldc,
-                                       beta_eff);
-                        if (full < qc1 - qc)
-                            kernel(rows, kb, ap[pr], a_ld, bq + (qc1 - qc - 1) * b_step, 0,
-                                   cr + (qc1 - qc - 1) * NR, ldc, (int)(n - (qc1 - 1) * NR),
-                                   beta_eff);
-                    }
+                if (in_place) { /* B micro-panel q at b + pc * ldb + q * NR, row stride ldb */
+                    for (int64_t q = qc; q < qc1; q++)
+                        for (int64_t pr = 0; pr < mpan; pr++)
+                            kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld,
+                                   b + pc * ldb + q * NR, ldb, c + i0[pr] * ldc + q * NR, ldc,
+                                   (int)min64(n - q * NR, NR), beta_eff);
                     continue;
                 }
-                for (int64_t q = qc; q < qc1; q++)
-                    for (int64_t pr = 0; pr < mpan; pr++)
-                        kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld, bq + (q - qc) * b_step,
-                               b_ld, c + i0[pr] * ldc + q * NR, ldc, (int)min64(n - q * NR, NR),
-                               beta_eff);
+                /* B packed, micro-panel q at bq + (q - qc) * NR * kb; each A micro-panel
+                 * against the chunk's panels in turn, full-width ones in one run (27 x 48128
+                 * x 16, op(A) transposed, 2 threads: 1.04-1.09x) */
+                float *const bq = b_mode == COLS_B_CHUNKS ? bchunk
+                                : bpack + pc * npan * NR + qc * NR * kb;
+                pack_b_panels(trans_b, b, ldb, qc * NR, pc, qc1 - qc, n - qc * NR, kb, bq);
+                const int64_t full = min64(qc1, n / NR) - qc;
+                for (int64_t pr = 0; pr < mpan; pr++) {
+                    const int rows = (int)(i0[pr + 1] - i0[pr]);
+                    float *const cr = c + i0[pr] * ldc + qc * NR;
+                    if (full > 0)
+                        kernel_run(rows, kb, ap[pr], a_ld, bq, 0, NR * kb, full, cr, ldc, beta_eff);
+                    if (full < qc1 - qc)
+                        kernel(rows, kb, ap[pr], a_ld, bq + (qc1 - qc - 1) * NR * kb, 0,
+                               cr + (qc1 - qc - 1) * NR, ldc, (int)(n - (qc1 - 1) * NR), beta_eff);
+                }
             }
         }
     }
