@@ -94,7 +94,7 @@ def test_sgemm(simd, threads, rng, m, n, k, trans_a, trans_b):
 
 def placed(x, offset):
     """A copy of x whose data starts `offset` floats past a 64-byte boundary."""
-    buf = np.empty(x.size + 16, np.float32)
+    buf = np.empty(x.size + 32, np.float32)
     start = (-buf.ctypes.data // 4) % 16 + offset
     y = buf[start:start + x.size].reshape(x.shape)
     y[...] = x
