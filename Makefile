@@ -25,7 +25,6 @@ SAN_FLAGS     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fn
 SRCS := $(wildcard src_c/*.c)
 HDRS := $(wildcard src_c/*.h) include/minidl.h
 OBJS := $(patsubst src_c/%.c,$(BUILD)/obj/%.o,$(SRCS))
-SAN_OBJS := $(patsubst src_c/%.c,$(BUILD)/asan/%.o,$(SRCS))
 
 # nvcc on PATH or in $CUDA_HOME/bin (NVCC=... overrides; none with MINIDL_CUDA=0, as
 # for setup.py); said once, at the top level
@@ -149,19 +148,17 @@ test-py: ext
 test: $(if $(NVCC),cuda) test-c test-py
 
 # ---- sanitizers ----------------------------------------------------------------------
-$(BUILD)/asan/%.o: src_c/%.c $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(call flags_for,$<) -c $< -o $@
-
+# setup.py compiles the core once with the sanitizers (MINIDL_SANITIZE=1); the C test
+# links its static library, the pytest suite its extension
 ASAN_RT := $(shell $(CC) -print-file-name=libasan.so)
 UBSAN_RT := $(shell $(CC) -print-file-name=libubsan.so)
 SAN_PY  := $(abspath $(BUILD)/asan-py)
 
 sanitize:
-	@$(call compile,$(SAN_OBJS))
-	$(CC) -std=c11 $(SAN_FLAGS) -Iinclude tests/c/test_capi.c $(SAN_OBJS) -fopenmp -lm -o $(BUILD)/test_capi_asan
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
+	$(CC) -std=c11 $(SAN_FLAGS) -Iinclude tests/c/test_capi.c $(SAN_PY)/minidl/lib/libminidl.a \
+	    -fopenmp -lm -o $(BUILD)/test_capi_asan
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
 	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
 	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not external and not slow" .
