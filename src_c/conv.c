@@ -1075,6 +1075,14 @@ static void batch_spread(int64_t c_out, int64_t P, const int64_t *colpos, const 
     }
 }
 
+/* The cache lines of bytes at p fetched for writing, ahead of a kernel that stores them
+ * (an output in memory that no one has touched for a while: each store would otherwise
+ * wait for its line) */
+static void prefetch_out(const void *p, size_t bytes)
+{
+    for (size_t k = 0; k < bytes; k += 64) __builtin_prefetch((const char *)p + k, 1, 2);
+}
+
 /* An image's channel sums (sb: c_out sums, then c_out sums of squares) from its output */
 static void image_sums(int64_t c_out, int64_t P, const float *y, double *sb)
 {
@@ -1144,6 +1152,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {
             const int64_t b = u * unit, count = s->n - b < unit ? s->n - b : unit;
+            if (!pl) prefetch_out(OUT(b), (size_t)(count * c_out * P) * sizeof(float));
             if (channels) {
                 (wino == WINO_CHANNELS ? mdl_winograd_avx512_images : mdl_winograd8_images)(
                     s, g->ho, g->wo, pa, count, x + b * s->c_in * s->h * s->w, in, bias, relu,
