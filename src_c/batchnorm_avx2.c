@@ -29,6 +29,16 @@
 
 #define ROW(p, i, ch) ((p) + ((i) * c + (ch)) * hw)
 
+/* The first lines of a channel's next row (at most ROW_AHEAD of them), fetched while this
+ * one is swept: a channel's rows lie c * hw floats apart, each in a page of its own from
+ * 32 x 32 up, where the hardware's prefetchers start over at every row */
+#define ROW_AHEAD 8
+static inline void prefetch_row(const float *p, int64_t hw)
+{
+    const int64_t lines = (hw + 15) / 16 < ROW_AHEAD ? (hw + 15) / 16 : ROW_AHEAD;
+    for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)(p + 16 * l), _MM_HINT_T0);
+}
+
 static inline __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 static inline __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 
@@ -384,6 +394,7 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
         int64_t since = 0;
         for (int64_t i = 0; i < n; i++) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
+            if (i + 1 < n) prefetch_row(ROW(x, i + 1, ch), hw), prefetch_row(ROW(dy, i + 1, ch), hw);
             int64_t j = 0;
             for (; j + 16 <= full; j += 16) {
                 __m256 xa = _mm256_loadu_ps(p + j), xb = _mm256_loadu_ps(p + j + 8);
@@ -433,6 +444,10 @@ void mdl_bn_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0, int64_t 
         for (int64_t i = n - 1; i >= 0; i--) {
             const float *p = ROW(x, i, ch), *g = ROW(dy, i, ch);
             float *q = ROW(dx, i, ch);
+            if (i > 0) {
+                prefetch_row(ROW(x, i - 1, ch), hw), prefetch_row(ROW(dy, i - 1, ch), hw);
+                prefetch_row(ROW(dx, i - 1, ch), hw);
+            }
             int64_t j = 0;
             for (; j < full; j += 8) {
                 __m256 xa = _mm256_loadu_ps(p + j), d = _mm256_sub_ps(xa, vm);
@@ -485,6 +500,10 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
         for (int64_t i = 0; i < n; i++) {
             const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(dy, i, ch);
             float *q = ROW(db, i, ch);
+            if (i + 1 < n) {
+                prefetch_row(ROW(s, i + 1, ch), hw), prefetch_row(ROW(b, i + 1, ch), hw);
+                prefetch_row(ROW(dy, i + 1, ch), hw), prefetch_row(ROW(db, i + 1, ch), hw);
+            }
             int64_t j = 0;
             for (; j + 16 <= full; j += 16) {
                 const __m256 va = _mm256_loadu_ps(ps + j), vb = _mm256_loadu_ps(ps + j + 8);
@@ -528,6 +547,10 @@ void mdl_bn_add_relu_backward_avx2(int64_t n, int64_t c, int64_t hw, int64_t c0,
         for (int64_t i = n - 1; i >= 0; i--) {
             const float *ps = ROW(s, i, ch), *pb = ROW(b, i, ch), *pg = ROW(db, i, ch);
             float *q = ROW(dx, i, ch);
+            if (i > 0) {
+                prefetch_row(ROW(s, i - 1, ch), hw), prefetch_row(ROW(b, i - 1, ch), hw);
+                prefetch_row(ROW(db, i - 1, ch), hw), prefetch_row(ROW(dx, i - 1, ch), hw);
+            }
             int64_t j = 0;
             for (; j < full; j += 8) {
                 const __m256 e = E(_mm256_loadu_ps(ps + j), _mm256_loadu_ps(pb + j));
