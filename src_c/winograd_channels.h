@@ -23,17 +23,20 @@
 #define FL(n) (((size_t)(n) + 15) & ~(size_t)15) /* floats, rounded up to 64 bytes */
 #define XI_MAX 64                                  /* transform points, at most 8 x 8 */
 #define CHUNK_BYTES (256 << 10)                    /* V and M of a chunk of tiles */
-/* The weight gradient's chunk (V and dM) for c_in c_out = cc: each chunk adds its
- * products to the thread's partial dU in double (36 cc of them for 3x3), so longer chunks
- * read and write it less often, while a chunk should stay in L2.  Measured (bench/NOTES.md):
- * with AVX-512 vectors from 32 x 32 channels, the core's L2 (1 MiB: 1.06-1.43x against
- * 256 and 512 KiB; at most 2 MiB, measured no better, so that a large L2 does not grow
- * the workspace); with AVX2 vectors, and fewer channels, 512 KiB from 64 x 128, else
- * the forward's chunk */
-static int64_t grad_chunk_bytes(int64_t cc)
+/* The weight gradient's chunk (V and dM) for c_in c_out = cc and xi transform points:
+ * each chunk adds its products to the thread's partial dU in double (xi cc of them), so
+ * longer chunks read and write it less often, while a chunk should stay in L2.  Measured
+ * (bench/NOTES.md): with AVX-512 vectors from 32 x 32 channels, 512 KiB where the
+ * partial dU fits the core's L2 (each chunk's pass over it stays there), else the L2
+ * (at most 2 MiB, measured no better, so that a large L2 does not grow the workspace);
+ * with AVX2 vectors, and fewer channels, 512 KiB from 64 x 128, else the forward's chunk */
+static int64_t grad_chunk_bytes(int64_t cc, int64_t xi)
 {
     const int64_t l2 = mdl_l2_bytes();
-    if (VL == 16 && cc >= 32 * 32) return l2 < (2 << 20) ? l2 : 2 << 20;
+    if (VL == 16 && cc >= 32 * 32) {
+        if (xi * cc * (int64_t)sizeof(double) < l2) return 512 << 10;
+        return l2 < (2 << 20) ? l2 : 2 << 20;
+    }
     return cc >= 64 * 128 ? 512 << 10 : CHUNK_BYTES;
 }
 
@@ -58,7 +61,7 @@ static wino_geom geom(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, int gra
     g.T = g.th * g.tw;
     g.hp = g.m * g.th + s->kh - 1;
     g.wp = g.m * g.tw + s->kw - 1;
-    const int64_t c = (grad ? grad_chunk_bytes(s->c_in * s->c_out) : CHUNK_BYTES) /
+    const int64_t c = (grad ? grad_chunk_bytes(s->c_in * s->c_out, g.xi) : CHUNK_BYTES) /
                       (g.xi * (int64_t)sizeof(float) * (s->c_in + s->c_out));
     g.chunk = c < 1 ? 1 : c;
     g.group = g.T >= g.chunk ? 1 : g.chunk / g.T;
