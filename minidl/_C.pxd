@@ -16,6 +16,11 @@ cdef extern from "minidl.h" nogil:
     mdl_status mdl_set_num_threads(int n)
     int mdl_get_num_threads()
     mdl_status mdl_set_min_parallel_work(int64_t work)
+    ctypedef enum mdl_sgemm_b:
+        MDL_SGEMM_B_AUTO
+        MDL_SGEMM_B_IN_PLACE
+        MDL_SGEMM_B_PACKED
+    mdl_status mdl_set_sgemm_b(mdl_sgemm_b mode)
     ctypedef enum mdl_simd:
         MDL_SIMD_SCALAR
         MDL_SIMD_AVX2

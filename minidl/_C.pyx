@@ -87,6 +87,18 @@ def set_min_parallel_work(int64_t work):
     check(mdl_set_min_parallel_work(work))
 
 
+SGEMM_B = {"auto": MDL_SGEMM_B_AUTO, "in-place": MDL_SGEMM_B_IN_PLACE,
+           "packed": MDL_SGEMM_B_PACKED}
+
+
+def set_sgemm_b(str mode):
+    """Whether the AVX-512 SGEMM reads op(B) in place for C of 29-256 rows ("in-place"),
+    packs it ("packed") or chooses by CPU ("auto", the default: packed on Intel's)."""
+    if mode not in SGEMM_B:
+        raise ValueError(f"sgemm b mode must be one of {sorted(SGEMM_B)}, got {mode!r}")
+    check(mdl_set_sgemm_b(SGEMM_B[mode]))
+
+
 SIMD_LEVELS = {"scalar": MDL_SIMD_SCALAR, "avx2": MDL_SIMD_AVX2, "avx512": MDL_SIMD_AVX512}
 _SIMD_NAMES = {v: k for k, v in SIMD_LEVELS.items()}
 

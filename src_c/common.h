@@ -39,6 +39,9 @@ int mdl_threads_for(double work);
 int mdl_num_threads(void);
 /* The core's L2 cache in bytes (1 MiB where the system does not say) */
 int64_t mdl_l2_bytes(void);
+/* Whether the AVX-512 SGEMM reads op(B) in place for thin C (mdl_set_sgemm_b's mode, or
+ * for MDL_SGEMM_B_AUTO whether the CPU is not Intel's) */
+int mdl_sgemm_b_in_place(void);
 
 /* This thread's number t and the team's size T inside a parallel region (0 and 1
  * without OpenMP) */

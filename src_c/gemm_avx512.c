@@ -61,17 +61,18 @@
 #define COLS_SPLIT_IN_PLACE_M COLS_SPLIT_M
 /* The shared-blocks driver reads op(B) in place (not transposed, rows 64-byte
  * aligned) when C has at most this many rows: each element of B then serves too
- * few rows to repay packing it (measured: 64 x 1024 x 576 and 128 x 4096 x 1152 gain
- * 15-25%, squares of 1024 lose 10%, 256 x 1024 x 2304 is even; rows 16 bytes off
- * the alignment cost 128 x 4096 x 1152 40%, every load then spanning two lines). */
-#ifndef SHARED_IN_PLACE_M
-#  define SHARED_IN_PLACE_M 256
-#endif
+ * few rows to repay packing it (measured on Zen 4: 64 x 1024 x 576 and 128 x 4096 x
+ * 1152 gain 15-25%, squares of 1024 lose 10%, 256 x 1024 x 2304 is even; rows 16 bytes
+ * off the alignment cost 128 x 4096 x 1152 40%, every load then spanning two lines).
+ * On Intel's cores with two 512-bit FMA units packing measured faster for all of them
+ * (32 x 2304 x 800 1.37x, 64 x 3264 x 576 1.27x, 96 and 128 rows even): there it
+ * packs (mdl_set_sgemm_b, MDL_SGEMM_B_AUTO). */
+#define SHARED_IN_PLACE_M (mdl_sgemm_b_in_place() ? 256 : 0)
 /* ... and whatever the rows' alignment when C has at most this many rows: packing then
- * costs more than the loads that span two lines (B 16 bytes into a line, 2 threads:
- * 16 x 12288 x 144 1.22x, 32 x 6400 x 288 1.14x, 48 x 10000 x 200 1.24x, 64 x 3264 x 576
- * 1.07x; from 96 rows it loses: 96 x 4096 x 576 0.86x, 128 x 4096 x 1152 0.77x) */
-#define SHARED_IN_PLACE_UNALIGNED_M 64
+ * costs more than the loads that span two lines (B 16 bytes into a line, 2 threads,
+ * Zen 4: 16 x 12288 x 144 1.22x, 32 x 6400 x 288 1.14x, 48 x 10000 x 200 1.24x, 64 x 3264
+ * x 576 1.07x; from 96 rows it loses: 96 x 4096 x 576 0.86x, 128 x 4096 x 1152 0.77x) */
+#define SHARED_IN_PLACE_UNALIGNED_M (mdl_sgemm_b_in_place() ? 64 : 0)
 
 /* The lowest `count` lanes (count clamped to [0, 16]). */
 static inline __mmask16 lanes(int64_t count)

@@ -124,6 +124,36 @@ int64_t mdl_l2_bytes(void)
     return v;
 }
 
+/* ---- the SGEMM's op(B) for thin C (mdl_set_sgemm_b) ------------------------- */
+
+static int sgemm_b = MDL_SGEMM_B_AUTO;
+
+mdl_status mdl_set_sgemm_b(mdl_sgemm_b mode)
+{
+    if (mode != MDL_SGEMM_B_AUTO && mode != MDL_SGEMM_B_IN_PLACE && mode != MDL_SGEMM_B_PACKED)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_sgemm_b: unknown mode %d", (int)mode);
+    __atomic_store_n(&sgemm_b, (int)mode, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
+int mdl_sgemm_b_in_place(void)
+{
+    const int mode = __atomic_load_n(&sgemm_b, __ATOMIC_RELAXED);
+    if (mode != MDL_SGEMM_B_AUTO) return mode == MDL_SGEMM_B_IN_PLACE;
+    static int intel = -1; /* -1: not yet read; every thread reads the same value */
+    int v = __atomic_load_n(&intel, __ATOMIC_RELAXED);
+    if (v < 0) {
+#if MDL_X86 && defined(__GNUC__)
+        __builtin_cpu_init();
+        v = __builtin_cpu_is("intel") != 0;
+#else
+        v = 0;
+#endif
+        __atomic_store_n(&intel, v, __ATOMIC_RELAXED);
+    }
+    return !v;
+}
+
 /* ---- SIMD dispatch --------------------------------------------------------- */
 
 static int simd_level = -1; /* -1: not yet decided */

@@ -18,7 +18,8 @@ where its tiles would have more than 8 rows with op(B) packed 4 micro-panels at 
 time into the thread's buffer and tiles of at most 8 rows; otherwise rows in
 packing steps of 1540 (tiles of at most 8 rows for K <= 32 here too), columns in steps of up to 4096 and groups of 8 x 32, op(B)
 read in place when it is not transposed and M <= 64, or 64-byte aligned and M <=
-256, else packed a group at a time when the threads split only the columns; but with
+256 (on CPUs other than Intel's: _C.set_sgemm_b), else packed a group at a time when
+the threads split only the columns; but with
 op(A) not transposed and op(B) transposed (rows of both along K), C of m + n <= 320
 and at most 32 (m + n) elements and K >= 256, dot products over K (both levels) in
 chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256), 4
@@ -101,15 +102,41 @@ def placed(x, offset):
     return y
 
 
+@pytest.fixture(params=["in-place", "packed"])
+def sgemm_b(request):
+    """Both of the AVX-512 shared-blocks driver's ways with op(B), on any CPU."""
+    _C.set_sgemm_b(request.param)
+    yield request.param
+    _C.set_sgemm_b("auto")
+
+
 @pytest.mark.parametrize("offset", [0, 4])
 @pytest.mark.parametrize("m,n,k", [(40, 1024, 800), (256, 512, 700), (16, 1024, 27),
                                    (12, 64, 900)])
-def test_sgemm_b_read_in_place(simd, threads, rng, m, n, k, offset):
+def test_sgemm_b_read_in_place(simd, threads, sgemm_b, rng, m, n, k, offset):
     """AVX-512 reads op(B) in place when it is not transposed and C has few rows (in
-    the shared-blocks driver only when B's rows are 64-byte aligned): aligned and not."""
+    the shared-blocks driver only when B's rows are 64-byte aligned, and with
+    set_sgemm_b's "in-place"): aligned and not."""
     a, b = f32(rng, m, k), placed(f32(rng, k, n), offset)
     assert (b.ctypes.data % 64 == 0) == (offset == 0)
     assert_close(ops.sgemm(a, b), ref.sgemm(a, b), "gemm", f"sgemm {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("m,n,k", [(40, 1100, 800), (64, 3264, 576), (200, 700, 300)])
+def test_sgemm_b_modes_agree(simd, threads, rng, m, n, k):
+    """op(B) read in place or packed: the same products in the same order, bit for bit."""
+    a, b = f32(rng, m, k), f32(rng, k, n)
+    out = {}
+    try:
+        for mode in ("in-place", "packed", "auto"):
+            _C.set_sgemm_b(mode)
+            out[mode] = ops.sgemm(a, b)
+    finally:
+        _C.set_sgemm_b("auto")
+    assert np.array_equal(out["in-place"], out["packed"])
+    assert np.array_equal(out["auto"], out["packed"])
+    with pytest.raises(ValueError, match="sgemm b mode"):
+        _C.set_sgemm_b("sideways")
 
 
 @pytest.mark.parametrize("offset", [0, 1, 12])

@@ -197,6 +197,8 @@ static void test_errors(void)
     EXPECT(strcmp(mdl_status_string(MDL_OK), "ok") == 0, "status string");
     EXPECT(mdl_set_simd((mdl_simd)7) == MDL_ERR_ARG, "bad simd level");
     EXPECT(mdl_set_num_threads(-1) == MDL_ERR_ARG, "negative thread count");
+    EXPECT(mdl_set_sgemm_b((mdl_sgemm_b)3) == MDL_ERR_ARG, "bad sgemm b mode");
+    EXPECT(mdl_set_sgemm_b(MDL_SGEMM_B_AUTO) == MDL_OK, "sgemm b auto");
 }
 
 int main(void)
