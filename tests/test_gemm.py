@@ -102,30 +102,25 @@ def placed(x, offset):
     return y
 
 
-@pytest.fixture(params=["in-place", "packed"])
-def sgemm_b(request):
-    """Both of the AVX-512 shared-blocks driver's ways with op(B), on any CPU."""
-    _C.set_sgemm_b(request.param)
-    yield request.param
-    _C.set_sgemm_b("auto")
-
-
 @pytest.mark.parametrize("offset", [0, 4])
 @pytest.mark.parametrize("m,n,k", [(40, 1024, 800), (256, 512, 700), (16, 1024, 27),
                                    (12, 64, 900)])
-def test_sgemm_b_read_in_place(simd, threads, sgemm_b, rng, m, n, k, offset):
+def test_sgemm_b_read_in_place(simd, threads, rng, m, n, k, offset):
     """AVX-512 reads op(B) in place when it is not transposed and C has few rows (in
-    the shared-blocks driver only when B's rows are 64-byte aligned, and with
-    set_sgemm_b's "in-place"): aligned and not."""
+    the shared-blocks driver only when B's rows are 64-byte aligned, and not on Intel
+    CPUs: set_sgemm_b): aligned and not."""
     a, b = f32(rng, m, k), placed(f32(rng, k, n), offset)
     assert (b.ctypes.data % 64 == 0) == (offset == 0)
     assert_close(ops.sgemm(a, b), ref.sgemm(a, b), "gemm", f"sgemm {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("offset", [0, 4])
 @pytest.mark.parametrize("m,n,k", [(40, 1100, 800), (64, 3264, 576), (200, 700, 300)])
-def test_sgemm_b_modes_agree(simd, threads, rng, m, n, k):
-    """op(B) read in place or packed: the same products in the same order, bit for bit."""
-    a, b = f32(rng, m, k), f32(rng, k, n)
+def test_sgemm_b_modes_agree(simd, threads, rng, m, n, k, offset):
+    """op(B) read in place or packed (set_sgemm_b; "auto" is one of them): the same
+    products in the same order, bit for bit, so that test_sgemm_b_read_in_place's check
+    against the reference holds for both on any CPU."""
+    a, b = f32(rng, m, k), placed(f32(rng, k, n), offset)
     out = {}
     try:
         for mode in ("in-place", "packed", "auto"):
