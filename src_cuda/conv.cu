@@ -66,8 +66,62 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 
 /* ---- the three GEMM problems (see gemm.cuh for the interface) ---------------------- */
 
+/* An element of the im2col matrix is x at an output pixel (img, oh, ow) and a tap
+ * (ci, r, s): x[img, ci, oh*sh - ph + r, ow*sw - pw + s], zero in the padding.  The
+ * forward and the weight gradient fix the pixel for a thread (b_fixed) and read the
+ * taps from tables in shared memory, where FUSED also keeps each tap's channel's map. */
+struct pixel {
+    int64_t at; /* x's index of (img, 0, ih0, iw0), the tap (0, 0, 0) */
+    int ih0, iw0; /* oh*sh - ph, ow*sw - pw */
+};
+
+__device__ __forceinline__ pixel pixel_of(const conv_geom &g, int j)
+{
+    const int img = g.by_P.div(j), p = j - img * g.P, oh = g.by_wo.div(p), ow = p - oh * g.wo;
+    const int ih0 = oh * g.sh - g.ph, iw0 = ow * g.sw - g.pw;
+    return {(int64_t)img * g.c_in * g.h * g.w + (int64_t)ih0 * g.w + iw0, ih0, iw0};
+}
+
+/* Tap tables: off = ci*h*w + r*w + s, and the map's scale and shift of channel ci */
+struct __align__(16) tap {
+    int off, r, s;
+};
+struct __align__(8) affine_of_tap {
+    float scale, shift;
+};
+
+template <bool FUSED, int N>
+struct taps {
+    tap tap_[N];
+    std::conditional_t<FUSED, affine_of_tap[N], char> map;
+
+    /* slot's tap k = (ci, r, s) of the K = c_in*kh*kw */
+    __device__ void set(const conv_geom &g, const mdl_input_map<FUSED> &in, int slot, int k)
+    {
+        const int khw = g.kh * g.kw, ci = g.by_khw.div(k), rs = k - ci * khw;
+        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
+        tap_[slot] = {ci * g.h * g.w + r * g.w + s, r, s};
+        if constexpr (FUSED)
+            map[slot] = {in.scale ? in.scale[ci] : 1.0f, in.scale ? in.shift[ci] : 0.0f};
+    }
+    /* x at pixel q and the tap of slot, through the map (FUSED) where it is a real pixel */
+    __device__ float gather(const conv_geom &g, const float *x, const mdl_input_map<FUSED> &in,
+                            const pixel &q, int slot) const
+    {
+        const tap t = tap_[slot];
+        if ((unsigned)(q.ih0 + t.r) >= (unsigned)g.h || (unsigned)(q.iw0 + t.s) >= (unsigned)g.w)
+            return 0.0f;
+        float v = x[q.at + t.off];
+        if constexpr (FUSED) {
+            if (in.scale) v = fmaf(v, map[slot].scale, map[slot].shift);
+            if (in.relu && v < 0.0f) v = 0.0f; /* NaN passes, as mdl_affine_arg */
+        }
+        return v;
+    }
+};
+
 /* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow);
- * FUSED: col gathers in(x) */
+ * FUSED: col gathers in(x).  A thread's column (pixel) is fixed, each slice's taps a table. */
 template <bool FUSED>
 struct ConvForward {
     static constexpr bool A_K_FAST = true, B_K_FAST = false;
@@ -78,17 +132,19 @@ struct ConvForward {
     int relu;
     mdl_input_map<FUSED> in;
 
-    __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
-    __device__ float b(int k, int j) const
+    using Shared = taps<FUSED, 2 * MDL_GEMM_BK>;
+    using BFixed = pixel;
+    __device__ void setup(Shared &, int) const {}
+    __device__ void slice(Shared &t, int kt, int buf) const
     {
-        const int img = g.by_P.div(j), p = j - img * g.P, oh = g.by_wo.div(p), ow = p - oh * g.wo;
-        const int khw = g.kh * g.kw, ci = g.by_khw.div(k), rs = k - ci * khw;
-        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
-        const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
-        if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
-        const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
-        if constexpr (FUSED) return in(v, ci);
-        else return v;
+        const int r = threadIdx.x, k = kt + r;
+        if (r < MDL_GEMM_BK && k < K) t.set(g, in, buf * MDL_GEMM_BK + r, k);
+    }
+    __device__ pixel b_fixed(int j) const { return pixel_of(g, j); }
+    __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
+    __device__ float b(const pixel &q, int, int slot, const Shared &t) const
+    {
+        return t.gather(g, x, in, q, slot);
     }
     __device__ void store(int i, int j, float acc, int) const
     {
@@ -110,12 +166,15 @@ struct ConvBackwardData {
     float *dx;
     int accumulate;
 
+    MDL_GEMM_NO_TABLES
+    using BFixed = int;
+    __device__ int b_fixed(int j) const { return j; }
     __device__ float a(int i, int k) const
     {
         const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
         return w[((int64_t)co * g.c_in + i) * khw + rs];
     }
-    __device__ float b(int k, int j) const
+    __device__ float b(int j, int k, int, const Shared &) const
     {
         const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
         const int r = g.by_kw.div(rs), s = rs - r * g.kw;
@@ -137,7 +196,7 @@ struct ConvBackwardData {
 
 /* dw (c_out, K) = dy (c_out, n*P) @ col^T (n*P, K): i = co, k = (img, oh, ow), j = (ci, r, s).
  * With part != NULL, slice z writes its partial sums to part[z] (c_out, K).  FUSED: col
- * gathers in(x). */
+ * gathers in(x).  A thread's k in a slice (pixel) is fixed, the block's columns' taps a table. */
 template <bool FUSED>
 struct ConvBackwardWeights {
     static constexpr bool A_K_FAST = true, B_K_FAST = true;
@@ -148,21 +207,23 @@ struct ConvBackwardWeights {
     int accumulate;
     mdl_input_map<FUSED> in;
 
+    using Shared = taps<FUSED, MDL_GEMM_BN_MAX>;
+    using BFixed = pixel;
+    __device__ void setup(Shared &t, int j0) const
+    {
+        for (int c = threadIdx.x; c < MDL_GEMM_BN_MAX && j0 + c < N; c += blockDim.x)
+            t.set(g, in, c, j0 + c);
+    }
+    __device__ void slice(Shared &, int, int) const {}
+    __device__ pixel b_fixed(int k) const { return pixel_of(g, k); }
     __device__ float a(int i, int k) const
     {
         const int img = g.by_P.div(k), p = k - img * g.P;
         return dy[((int64_t)img * g.c_out + i) * g.P + p];
     }
-    __device__ float b(int k, int j) const
+    __device__ float b(const pixel &q, int, int slot, const Shared &t) const
     {
-        const int img = g.by_P.div(k), p = k - img * g.P, oh = g.by_wo.div(p), ow = p - oh * g.wo;
-        const int khw = g.kh * g.kw, ci = g.by_khw.div(j), rs = j - ci * khw;
-        const int r = g.by_kw.div(rs), s = rs - r * g.kw;
-        const int ih = oh * g.sh - g.ph + r, iw = ow * g.sw - g.pw + s;
-        if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return 0.0f;
-        const float v = x[(((int64_t)img * g.c_in + ci) * g.h + ih) * g.w + iw];
-        if constexpr (FUSED) return in(v, ci);
-        else return v;
+        return t.gather(g, x, in, q, slot);
     }
     __device__ void store(int i, int j, float acc, int z) const
     {

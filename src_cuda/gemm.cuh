@@ -8,12 +8,24 @@
  *     static constexpr bool A_K_FAST;   consecutive k of A are adjacent in memory
  *     static constexpr bool B_K_FAST;   consecutive k of B are adjacent in memory
  *     __device__ float a(int i, int k) const;              i < M, k < K
- *     __device__ float b(int k, int j) const;              k < K, j < N
+ *     using BFixed = ...;  __device__ BFixed b_fixed(int f) const;
+ *     __device__ float b(const BFixed &, int v, int slot, const Shared &) const;
  *     __device__ void store(int i, int j, float acc, int z) const;   i < M, j < N
+ *     struct Shared;  __device__ void setup(Shared &, int j0) const;
+ *                     __device__ void slice(Shared &, int kt, int buf) const;
  *
  * a() and b() gather an element (an im2col entry, zero in the padding, for the
  * convolutions), store() is the epilogue (alpha/beta, bias, accumulate, or a
- * split-K partial).  The kernel tiles C in BM x BN blocks, steps through k in
+ * split-K partial).  Each thread reads B at one k per slice (B_K_FAST) or at one
+ * column j throughout (otherwise): b_fixed(f) is computed once for that fixed
+ * index f, and b() gets it with the index that varies, v (j with B_K_FAST, else
+ * k; v < N and k < K), and v's slot in the problem's tables in shared memory
+ * (Shared): setup() fills those of the block's columns j0.. (every thread calls
+ * it, a barrier follows), slice() those of the slice at kt into buffer buf (0 or
+ * 1 in turn), before the barrier that precedes their reads.  A slot is the column
+ * in the tile with B_K_FAST, else the row in the slice plus MDL_GEMM_BK * buf.
+ *
+ * The kernel tiles C in BM x BN blocks, steps through k in
  * slices of BK staged in shared memory (the next slice is fetched into registers
  * while the current one is multiplied), and each thread keeps a TM x TN block of
  * C in registers, as two-by-two groups of 4 rows and 4 columns spread over the
@@ -25,6 +37,12 @@
 
 /* Every GEMM dimension (and every image index the convolutions compute) stays below this. */
 #define MDL_GEMM_LIMIT ((int64_t)1 << 30)
+/* The k of a slice (every tile shape); its multiples are where split-K slices begin. */
+#ifndef MDL_GEMM_BK
+#define MDL_GEMM_BK 8
+#endif
+/* The widest tile's columns (the tables of setup() hold as many). */
+#define MDL_GEMM_BN_MAX 128
 
 namespace mdl {
 
@@ -37,8 +55,12 @@ gemm_tiled(const P p, int tiles_n)
     constexpr int LA = BM * BK / THREADS, LB = BK * BN / THREADS;
     static_assert(TM % 4 == 0 && TN % 4 == 0, "thread blocks are groups of 4 x 4");
     static_assert((BM * BK) % THREADS == 0 && (BK * BN) % THREADS == 0, "even tile loads");
+    static_assert(THREADS % BK == 0 && THREADS % BN == 0, "a thread's k in a slice (B_K_FAST) "
+                  "or its column (otherwise) is the same for all its elements");
+    static_assert(BK == MDL_GEMM_BK && BN <= MDL_GEMM_BN_MAX, "the tables' sizes");
     __shared__ __align__(16) float As[BK][BM + 4]; /* +4: no bank conflicts on the k-fast stores */
     __shared__ __align__(16) float Bs[BK][BN + 4];
+    __shared__ typename P::Shared tables;
 
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
     const int i0 = (int)(blockIdx.x / (unsigned)tiles_n) * BM;
@@ -55,9 +77,12 @@ gemm_tiled(const P p, int tiles_n)
         const int idx = tid + e * THREADS;
         if constexpr (P::B_K_FAST) { kk = idx % BK; jj = idx / BK; } else { jj = idx % BN; kk = idx / BN; }
     };
+    /* B's fixed index: the column, once (the k of a slice, B_K_FAST: in fetch) */
+    typename P::BFixed b_col{};
+    if constexpr (!P::B_K_FAST) b_col = p.b_fixed(j0 + tid % BN);
 
     float ra[LA], rb[LB];
-    auto fetch = [&](int kt) {
+    auto fetch = [&](int kt, int buf) {
 #pragma unroll
         for (int e = 0; e < LA; e++) {
             int ii, kk;
@@ -65,12 +90,17 @@ gemm_tiled(const P p, int tiles_n)
             const int gi = i0 + ii, gk = kt + kk;
             ra[e] = (gi < p.M && gk < k_end) ? p.a(gi, gk) : 0.0f;
         }
+        typename P::BFixed b_row{};
+        if constexpr (P::B_K_FAST) b_row = p.b_fixed(kt + tid % BK);
 #pragma unroll
         for (int e = 0; e < LB; e++) {
             int jj, kk;
             b_pos(e, jj, kk);
             const int gj = j0 + jj, gk = kt + kk;
-            rb[e] = (gj < p.N && gk < k_end) ? p.b(gk, gj) : 0.0f;
+            if constexpr (P::B_K_FAST)
+                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_row, gj, jj, tables) : 0.0f;
+            else
+                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_col, gk, kk + BK * buf, tables) : 0.0f;
         }
     };
 
@@ -80,8 +110,11 @@ gemm_tiled(const P p, int tiles_n)
 #pragma unroll
         for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
 
-    if (k_begin < k_end) fetch(k_begin);
-    for (int kt = k_begin; kt < k_end; kt += BK) {
+    p.setup(tables, j0);
+    p.slice(tables, k_begin, 0);
+    __syncthreads();
+    if (k_begin < k_end) fetch(k_begin, 0);
+    for (int kt = k_begin, buf = 0; kt < k_end; kt += BK, buf ^= 1) {
 #pragma unroll
         for (int e = 0; e < LA; e++) {
             int ii, kk;
@@ -94,8 +127,10 @@ gemm_tiled(const P p, int tiles_n)
             b_pos(e, jj, kk);
             Bs[kk][jj] = rb[e];
         }
+        /* the buffer's last reads, by fetch(kt - BK), were two barriers ago */
+        if (kt + BK < k_end) p.slice(tables, kt + BK, buf ^ 1);
         __syncthreads();
-        if (kt + BK < k_end) fetch(kt + BK); /* in flight while this slice is multiplied */
+        if (kt + BK < k_end) fetch(kt + BK, buf ^ 1); /* in flight while this slice is multiplied */
 #pragma unroll
         for (int kk = 0; kk < BK; kk++) {
             float av[TM], bv[TN];
@@ -129,15 +164,25 @@ gemm_tiled(const P p, int tiles_n)
     }
 }
 
+/* The members of a problem that keeps no tables. */
+#define MDL_GEMM_NO_TABLES                                       \
+    struct Shared {};                                            \
+    __device__ void setup(Shared &, int) const {}                \
+    __device__ void slice(Shared &, int, int) const {}
+
 /* The tile shapes, chosen on the host from the problem size. */
-enum gemm_cfg { GEMM_M32 = 0, GEMM_64 = 1, GEMM_128 = 2 };
+enum gemm_cfg { GEMM_M32 = 0, GEMM_64 = 1, GEMM_128 = 2, GEMM_M16 = 3 };
 
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* M <= 32 (few output channels, small batches): 32 x 128 tiles; enough 128 x 128
- * tiles to fill the GPU twice over: those; otherwise 64 x 64. */
+/* M <= 16 or 32 (few output channels, small batches): 16 or 32 x 128 tiles; enough
+ * 128 x 128 tiles to fill the GPU twice over: those; otherwise 64 x 64. */
+#ifndef MDL_GEMM_M16
+#define MDL_GEMM_M16 1
+#endif
 static inline gemm_cfg gemm_pick(int64_t M, int64_t N)
 {
+    if (MDL_GEMM_M16 && M <= 16) return GEMM_M16;
     if (M <= 32) return GEMM_M32;
     if (cdiv(M, 128) * cdiv(N, 128) >= 256) return GEMM_128;
     return GEMM_64;
@@ -146,6 +191,7 @@ static inline gemm_cfg gemm_pick(int64_t M, int64_t N)
 static inline int64_t gemm_tiles(gemm_cfg cfg, int64_t M, int64_t N)
 {
     switch (cfg) {
+    case GEMM_M16: return cdiv(N, 128);
     case GEMM_M32: return cdiv(M, 32) * cdiv(N, 128);
     case GEMM_128: return cdiv(M, 128) * cdiv(N, 128);
     default: return cdiv(M, 64) * cdiv(N, 64);
@@ -166,7 +212,7 @@ static inline void gemm_splitk_plan(int64_t M, int64_t N, int64_t K, int *splits
         *kchunk = (int)K;
         return;
     }
-    int64_t chunk = cdiv(cdiv(K, s), 8) * 8; /* a whole number of BK = 8 steps */
+    int64_t chunk = cdiv(cdiv(K, s), MDL_GEMM_BK) * MDL_GEMM_BK; /* whole slices */
     *splits = (int)cdiv(K, chunk);
     *kchunk = (int)chunk;
 }
@@ -182,7 +228,8 @@ static void gemm_launch_cfg(const P &p, int splits, cudaStream_t stream)
 {
     const int64_t tiles_n = cdiv(p.N, BN), tiles = cdiv(p.M, BM) * tiles_n;
     dim3 grid((unsigned)tiles, (unsigned)splits);
-    gemm_tiled<BM, BN, 8, TM, TN, P><<<grid, (BM / TM) * (BN / TN), 0, stream>>>(p, (int)tiles_n);
+    constexpr int threads = (BM / TM) * (BN / TN);
+    gemm_tiled<BM, BN, MDL_GEMM_BK, TM, TN, P><<<grid, threads, 0, stream>>>(p, (int)tiles_n);
 }
 
 /* Launch P (M, N >= 1) with `splits` k slices of p.kchunk.  The caller checked
@@ -191,6 +238,7 @@ template <class P>
 static void gemm_launch(const P &p, int splits, cudaStream_t stream)
 {
     switch (gemm_pick(p.M, p.N)) {
+    case GEMM_M16: gemm_launch_cfg<16, 128, 4, 4>(p, splits, stream); break;
     case GEMM_M32: gemm_launch_cfg<32, 128, 4, 8>(p, splits, stream); break;
     case GEMM_128: gemm_launch_cfg<128, 128, 8, 8>(p, splits, stream); break;
     default: gemm_launch_cfg<64, 64, 4, 4>(p, splits, stream); break;
@@ -210,7 +258,11 @@ struct PlainGemm {
     const float *col_bias; /* N values or NULL */
 
     __device__ float a(int i, int k) const { return TA ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]; }
-    __device__ float b(int k, int j) const { return TB ? B[(int64_t)j * ldb + k] : B[(int64_t)k * ldb + j]; }
+    /* B[j * ldb + k] (TB) or B[k * ldb + j]: the varying index times ldb either way */
+    MDL_GEMM_NO_TABLES
+    using BFixed = int;
+    __device__ int b_fixed(int f) const { return f; }
+    __device__ float b(int f, int v, int, const Shared &) const { return B[(int64_t)v * ldb + f]; }
     __device__ void store(int i, int j, float acc, int) const
     {
         float *c = C + (int64_t)i * ldc + j;
