@@ -104,15 +104,19 @@ struct taps {
         if constexpr (FUSED)
             map[slot] = {in.scale ? in.scale[ci] : 1.0f, in.scale ? in.shift[ci] : 0.0f};
     }
-    /* x at pixel q and the tap of slot, through the map (FUSED) where it is a real pixel */
-    __device__ float gather(const conv_geom &g, const float *x, const mdl_input_map<FUSED> &in,
-                            const pixel &q, int slot) const
+    /* x at pixel q and the tap of slot (read: a real pixel), 0 in the padding */
+    __device__ float gather(const conv_geom &g, const float *x, const pixel &q, int slot,
+                            bool &read) const
     {
         const tap t = tap_[slot];
-        if ((unsigned)(q.ih0 + t.r) >= (unsigned)g.h || (unsigned)(q.iw0 + t.s) >= (unsigned)g.w)
-            return 0.0f;
-        float v = x[q.at + t.off];
+        read = (unsigned)(q.ih0 + t.r) < (unsigned)g.h && (unsigned)(q.iw0 + t.s) < (unsigned)g.w;
+        return read ? x[q.at + t.off] : 0.0f;
+    }
+    /* FUSED: what gather() read, through the map; the padding stays 0 */
+    __device__ float stage(const mdl_input_map<FUSED> &in, float v, bool read, int slot) const
+    {
         if constexpr (FUSED) {
+            if (!read) return 0.0f;
             if (in.scale) v = fmaf(v, map[slot].scale, map[slot].shift);
             if (in.relu && v < 0.0f) v = 0.0f; /* NaN passes, as mdl_affine_arg */
         }
@@ -142,9 +146,13 @@ struct ConvForward {
     }
     __device__ pixel b_fixed(int j) const { return pixel_of(g, j); }
     __device__ float a(int i, int k) const { return w[(int64_t)i * K + k]; }
-    __device__ float b(const pixel &q, int, int slot, const Shared &t) const
+    __device__ float b(const pixel &q, int, int slot, const Shared &t, bool &read) const
     {
-        return t.gather(g, x, in, q, slot);
+        return t.gather(g, x, q, slot, read);
+    }
+    __device__ float b_stage(float v, bool read, int slot, const Shared &t) const
+    {
+        return t.stage(in, v, read, slot);
     }
     __device__ void store(int i, int j, float acc, int) const
     {
@@ -174,7 +182,7 @@ struct ConvBackwardData {
         const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
         return w[((int64_t)co * g.c_in + i) * khw + rs];
     }
-    __device__ float b(int j, int k, int, const Shared &) const
+    __device__ float b(int j, int k, int, const Shared &, bool &) const
     {
         const int khw = g.kh * g.kw, co = g.by_khw.div(k), rs = k - co * khw;
         const int r = g.by_kw.div(rs), s = rs - r * g.kw;
@@ -221,9 +229,13 @@ struct ConvBackwardWeights {
         const int img = g.by_P.div(k), p = k - img * g.P;
         return dy[((int64_t)img * g.c_out + i) * g.P + p];
     }
-    __device__ float b(const pixel &q, int, int slot, const Shared &t) const
+    __device__ float b(const pixel &q, int, int slot, const Shared &t, bool &read) const
     {
-        return t.gather(g, x, in, q, slot);
+        return t.gather(g, x, q, slot, read);
+    }
+    __device__ float b_stage(float v, bool read, int slot, const Shared &t) const
+    {
+        return t.stage(in, v, read, slot);
     }
     __device__ void store(int i, int j, float acc, int z) const
     {
@@ -269,7 +281,7 @@ conv_channel_sums(int n, int c_out, int P, const float *y, double *sum, double *
     __shared__ double scratch[32];
     const int co = blockIdx.x;
     double a = 0.0, q2 = 0.0;
-    mdl_for_channel(n, c_out, P, co, [&](int64_t o) { return y[o]; }, [&](int64_t, float f) {
+    mdl_for_channel<8>(n, c_out, P, co, [&](int64_t o) { return y[o]; }, [&](int64_t, float f) {
         const double v = f;
         a += v;
         q2 += v * v;

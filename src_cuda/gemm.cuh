@@ -9,7 +9,8 @@
  *     static constexpr bool B_K_FAST;   consecutive k of B are adjacent in memory
  *     __device__ float a(int i, int k) const;              i < M, k < K
  *     using BFixed = ...;  __device__ BFixed b_fixed(int f) const;
- *     __device__ float b(const BFixed &, int v, int slot, const Shared &) const;
+ *     __device__ float b(const BFixed &, int v, int slot, const Shared &, bool &read) const;
+ *     __device__ float b_stage(float b, bool read, int slot, const Shared &) const;
  *     __device__ void store(int i, int j, float acc, int z) const;   i < M, j < N
  *     struct Shared;  __device__ void setup(Shared &, int j0) const;
  *                     __device__ void slice(Shared &, int kt, int buf) const;
@@ -24,6 +25,10 @@
  * it, a barrier follows), slice() those of the slice at kt into buffer buf (0 or
  * 1 in turn), before the barrier that precedes their reads.  A slot is the column
  * in the tile with B_K_FAST, else the row in the slice plus MDL_GEMM_BK * buf.
+ * b() sets `read` where it read memory (not a zero of the padding); what it
+ * returned passes through b_stage() (a map of the values read, say) when it is
+ * staged in shared memory, after the slice before it was multiplied: whatever
+ * uses a loaded value waits for the load, and here that wait is hidden.
  *
  * The kernel tiles C in BM x BN blocks, steps through k in
  * slices of BK staged in shared memory (the next slice is fetched into registers
@@ -82,6 +87,7 @@ gemm_tiled(const P p, int tiles_n)
     if constexpr (!P::B_K_FAST) b_col = p.b_fixed(j0 + tid % BN);
 
     float ra[LA], rb[LB];
+    unsigned rb_read = 0; /* bit e: b() read rb[e] */
     auto fetch = [&](int kt, int buf) {
 #pragma unroll
         for (int e = 0; e < LA; e++) {
@@ -92,15 +98,18 @@ gemm_tiled(const P p, int tiles_n)
         }
         typename P::BFixed b_row{};
         if constexpr (P::B_K_FAST) b_row = p.b_fixed(kt + tid % BK);
+        rb_read = 0;
 #pragma unroll
         for (int e = 0; e < LB; e++) {
             int jj, kk;
             b_pos(e, jj, kk);
             const int gj = j0 + jj, gk = kt + kk;
+            bool read = false;
             if constexpr (P::B_K_FAST)
-                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_row, gj, jj, tables) : 0.0f;
+                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_row, gj, jj, tables, read) : 0.0f;
             else
-                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_col, gk, kk + BK * buf, tables) : 0.0f;
+                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_col, gk, kk + BK * buf, tables, read) : 0.0f;
+            rb_read |= (unsigned)read << e;
         }
     };
 
@@ -125,7 +134,8 @@ gemm_tiled(const P p, int tiles_n)
         for (int e = 0; e < LB; e++) {
             int jj, kk;
             b_pos(e, jj, kk);
-            Bs[kk][jj] = rb[e];
+            const int slot = P::B_K_FAST ? jj : kk + BK * buf;
+            Bs[kk][jj] = p.b_stage(rb[e], (rb_read >> e) & 1u, slot, tables);
         }
         /* the buffer's last reads, by fetch(kt - BK), were two barriers ago */
         if (kt + BK < k_end) p.slice(tables, kt + BK, buf ^ 1);
@@ -165,10 +175,11 @@ gemm_tiled(const P p, int tiles_n)
 }
 
 /* The members of a problem that keeps no tables. */
-#define MDL_GEMM_NO_TABLES                                       \
-    struct Shared {};                                            \
-    __device__ void setup(Shared &, int) const {}                \
-    __device__ void slice(Shared &, int, int) const {}
+#define MDL_GEMM_NO_TABLES                                                     \
+    struct Shared {};                                                          \
+    __device__ void setup(Shared &, int) const {}                              \
+    __device__ void slice(Shared &, int, int) const {}                         \
+    __device__ float b_stage(float v, bool, int, const Shared &) const { return v; }
 
 /* The tile shapes, chosen on the host from the problem size. */
 enum gemm_cfg { GEMM_M32 = 0, GEMM_64 = 1, GEMM_128 = 2, GEMM_M16 = 3 };
@@ -262,7 +273,7 @@ struct PlainGemm {
     MDL_GEMM_NO_TABLES
     using BFixed = int;
     __device__ int b_fixed(int f) const { return f; }
-    __device__ float b(int f, int v, int, const Shared &) const { return B[(int64_t)v * ldb + f]; }
+    __device__ float b(int f, int v, int, const Shared &, bool &) const { return B[(int64_t)v * ldb + f]; }
     __device__ void store(int i, int j, float acc, int) const
     {
         float *c = C + (int64_t)i * ldc + j;
