@@ -102,15 +102,15 @@ __device__ T mdl_block_sum(T v, T *scratch)
 #define MDL_CHANNEL_THREADS 1024
 
 /* The values of channel ch of an (n, c, hw) tensor that this thread visits: q = i * hw + j
- * over [0, n*hw) at q = threadIdx.x, + blockDim.x, ...  For every 4 of them in turn it
- * first calls load(offset of (i, ch, j)) for all 4, so that their reads are in flight
+ * over [0, n*hw) at q = threadIdx.x, + blockDim.x, ...  For every G of them in turn it
+ * first calls load(offset of (i, ch, j)) for all G, so that their reads are in flight
  * together, then use(offset, what load returned) for each in order: the thread sees its
- * values in the order of q, and a use may write the values it loaded (in place). */
-template <class L, class U>
+ * values in the order of q whatever G is, and a use may write the values it loaded (in
+ * place).  G = 8 where the kernel's registers allow (64 a thread at 1024 threads). */
+template <int G = 4, class L, class U>
 __device__ __forceinline__ void mdl_for_channel(int64_t n, int64_t c, int64_t hw, int64_t ch,
                                                 L load, U use)
 {
-    constexpr int G = 4;
     const int64_t step_i = blockDim.x / hw, step_j = blockDim.x % hw;
     int64_t i = threadIdx.x / hw, j = threadIdx.x % hw;
     while (i < n) {
