@@ -43,9 +43,7 @@
 /* Every GEMM dimension (and every image index the convolutions compute) stays below this. */
 #define MDL_GEMM_LIMIT ((int64_t)1 << 30)
 /* The k of a slice (every tile shape); its multiples are where split-K slices begin. */
-#ifndef MDL_GEMM_BK
 #define MDL_GEMM_BK 8
-#endif
 /* The widest tile's columns (the tables of setup() hold as many). */
 #define MDL_GEMM_BN_MAX 128
 
@@ -188,12 +186,9 @@ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* M <= 16 or 32 (few output channels, small batches): 16 or 32 x 128 tiles; enough
  * 128 x 128 tiles to fill the GPU twice over: those; otherwise 64 x 64. */
-#ifndef MDL_GEMM_M16
-#define MDL_GEMM_M16 1
-#endif
 static inline gemm_cfg gemm_pick(int64_t M, int64_t N)
 {
-    if (MDL_GEMM_M16 && M <= 16) return GEMM_M16;
+    if (M <= 16) return GEMM_M16;
     if (M <= 32) return GEMM_M32;
     if (cdiv(M, 128) * cdiv(N, 128) >= 256) return GEMM_128;
     return GEMM_64;
