@@ -31,8 +31,9 @@ struct conv_geom {
     mdl_fastdiv by_P, by_wo, by_khw, by_kw, by_hw, by_w, by_sh, by_sw;
 };
 
-/* mdl_conv2d_check_shape (src_c/checks.h), then the limits of the CUDA kernels:
- * every GEMM dimension and every padded extent below 2^30, so that 32-bit index arithmetic is exact. */
+/* mdl_conv2d_check_shape (src_c/checks.h), then the limits of the CUDA kernels: every
+ * GEMM dimension, every padded extent and an image's c_in*h*w (a tap's offset) below
+ * 2^30, so that 32-bit index arithmetic is exact. */
 mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
 {
     int64_t ho, wo;
@@ -42,13 +43,15 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
     const int64_t Kt = s->c_out * s->kh * s->kw; /* backward_data's k */
     if (s->h + 2 * s->pad_h >= L || s->w + 2 * s->pad_w >= L || K >= L || Kt >= L ||
         s->c_in >= L || s->c_out >= L || s->n * P >= L || s->n * s->h * s->w >= L ||
+        s->c_in * s->h * s->w >= L ||
         !mdl::gemm_grid_ok(s->c_out, s->n * P) || !mdl::gemm_grid_ok(s->c_in, s->n * s->h * s->w) ||
         !mdl::gemm_grid_ok(s->c_out, K))
         return mdl_cuda_error(MDL_ERR_UNSUPPORTED,
                               "%s: shape too large for the CUDA kernels: c_in*kh*kw = %lld, "
-                              "c_out*kh*kw = %lld, n*h_out*w_out = %lld, n*h*w = %lld, padded "
-                              "h, w = %lld, %lld (each must be below 2^30)", fn, (long long)K,
-                              (long long)Kt, (long long)(s->n * P), (long long)(s->n * s->h * s->w),
+                              "c_out*kh*kw = %lld, n*h_out*w_out = %lld, n*h*w = %lld, "
+                              "c_in*h*w = %lld, padded h, w = %lld, %lld (each must be below "
+                              "2^30)", fn, (long long)K, (long long)Kt, (long long)(s->n * P),
+                              (long long)(s->n * s->h * s->w), (long long)(s->c_in * s->h * s->w),
                               (long long)(s->h + 2 * s->pad_h), (long long)(s->w + 2 * s->pad_w));
     *g = {(int)s->n, (int)s->c_in, (int)s->h, (int)s->w, (int)s->c_out, (int)s->kh, (int)s->kw,
           (int)s->stride_h, (int)s->stride_w, (int)s->pad_h, (int)s->pad_w, (int)ho, (int)wo,

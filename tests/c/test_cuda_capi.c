@@ -66,6 +66,10 @@ int main(void)
                  MDL_ERR_WORKSPACE, "workspace has");
     EXPECT_ERROR(mdl_cuda_conv2d_backward_data_fused(&cs, p, p, NULL, 1, NULL, 0, NULL),
                  MDL_ERR_ARG, "mdl_cuda_conv2d_backward_data_fused: dx must not be NULL");
+    /* a tap's offset in an image, c_in*h*w, is a 32-bit int in the kernels */
+    mdl_conv2d_shape huge_image = {1, 16384, 256, 256, 4, 1, 1, 1, 1, 0, 0};
+    EXPECT_ERROR(mdl_cuda_conv2d_forward(&huge_image, p, p, NULL, p, NULL, 0, NULL),
+                 MDL_ERR_UNSUPPORTED, "c_in*h*w = 1073741824");
 
     mdl_pool2d_shape ps = {1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1};
     EXPECT(mdl_cuda_pool2d_output_size(&ps, &ho, &wo) == MDL_OK && ho == 2 && wo == 2,
