@@ -115,19 +115,16 @@ class DeviceArray:
     """A C-contiguous array in a device's memory.  `mem` is the allocation (freed when
     the last array using it goes away), `offset` the first element's index in it."""
 
-    __slots__ = ("device", "shape", "dtype", "mem", "offset", "__weakref__")
+    __slots__ = ("device", "shape", "dtype", "mem", "offset", "size", "__weakref__")
 
     def __init__(self, device: "Device", mem, shape: Shape, dtype, offset: int = 0):
         self.device, self.mem, self.shape = device, mem, shape
         self.dtype, self.offset = np.dtype(dtype), offset
+        self.size = math.prod(shape)  # the number of elements (shape never changes)
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -138,15 +135,16 @@ class DeviceArray:
 
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape (one dimension may be -1), sharing the memory."""
-        if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
-        if shape.count(-1) == 1:
+        if len(shape) == 1 and (isinstance(shape[0], (tuple, list)) or
+                                not isinstance(shape[0], numbers.Integral)):
+            shape = shape[0]
+        shape = tuple(map(int, shape))
+        if -1 in shape and shape.count(-1) == 1:
             rest = math.prod(d for d in shape if d != -1)
             if rest == 0 or self.size % rest:
                 raise ValueError(f"cannot reshape an array of shape {self.shape} into {shape}")
             shape = tuple(self.size // rest if d == -1 else d for d in shape)
-        if any(d < 0 for d in shape) or math.prod(shape) != self.size:
+        if math.prod(shape) != self.size or (shape and min(shape) < 0):
             raise ValueError(f"cannot reshape an array of shape {self.shape} into {shape}")
         return DeviceArray(self.device, self.mem, shape, self.dtype, self.offset)
 
