@@ -10,7 +10,7 @@
  *     __device__ float a(int i, int k) const;              i < M, k < K
  *     using BFixed = ...;  __device__ BFixed b_fixed(int f) const;
  *     __device__ float b(const BFixed &, int v, int slot, const Shared &, bool &read) const;
- *     __device__ float b_stage(float b, bool read, int slot, const Shared &) const;
+ *     __device__ float b_stage(float v, bool read, int slot, const Shared &) const;
  *     __device__ void store(int i, int j, float acc, int z) const;   i < M, j < N
  *     struct Shared;  __device__ void setup(Shared &, int j0) const;
  *                     __device__ void slice(Shared &, int kt, int buf) const;
@@ -19,12 +19,12 @@
  * convolutions), store() is the epilogue (alpha/beta, bias, accumulate, or a
  * split-K partial).  Each thread reads B at one k per slice (B_K_FAST) or at one
  * column j throughout (otherwise): b_fixed(f) is computed once for that fixed
- * index f, and b() gets it with the index that varies, v (j with B_K_FAST, else
- * k; v < N and k < K), and v's slot in the problem's tables in shared memory
- * (Shared): setup() fills those of the block's columns j0.. (every thread calls
- * it, a barrier follows), slice() those of the slice at kt into buffer buf (0 or
- * 1 in turn), before the barrier that precedes their reads.  A slot is the column
- * in the tile with B_K_FAST, else the row in the slice plus MDL_GEMM_BK * buf.
+ * index f, and b() gets it with the index that varies, v (j < N with B_K_FAST,
+ * else a k of the block's range), and v's slot in the problem's tables in shared
+ * memory (Shared): setup() fills those of the block's columns j0.. (every thread
+ * calls it, a barrier follows), slice() those of the slice at kt into buffer buf
+ * (0 or 1 in turn), before the barrier that precedes their reads.  A slot is the
+ * column in the tile with B_K_FAST, else the row in the slice plus MDL_GEMM_BK * buf.
  * b() sets `read` where it read memory (not a zero of the padding); what it
  * returned passes through b_stage() (a map of the values read, say) when it is
  * staged in shared memory, after the slice before it was multiplied: whatever
@@ -103,10 +103,11 @@ gemm_tiled(const P p, int tiles_n)
             b_pos(e, jj, kk);
             const int gj = j0 + jj, gk = kt + kk;
             bool read = false;
+            const bool in = gj < p.N && gk < k_end;
             if constexpr (P::B_K_FAST)
-                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_row, gj, jj, tables, read) : 0.0f;
+                rb[e] = in ? p.b(b_row, gj, jj, tables, read) : 0.0f;
             else
-                rb[e] = (gj < p.N && gk < k_end) ? p.b(b_col, gk, kk + BK * buf, tables, read) : 0.0f;
+                rb[e] = in ? p.b(b_col, gk, kk + BK * buf, tables, read) : 0.0f;
             rb_read |= (unsigned)read << e;
         }
     };
@@ -268,7 +269,10 @@ struct PlainGemm {
     MDL_GEMM_NO_TABLES
     using BFixed = int;
     __device__ int b_fixed(int f) const { return f; }
-    __device__ float b(int f, int v, int, const Shared &, bool &) const { return B[(int64_t)v * ldb + f]; }
+    __device__ float b(int f, int v, int, const Shared &, bool &) const
+    {
+        return B[(int64_t)v * ldb + f];
+    }
     __device__ void store(int i, int j, float acc, int) const
     {
         float *c = C + (int64_t)i * ldc + j;
