@@ -153,6 +153,8 @@ test: $(if $(NVCC),cuda) test-c test-py
 ASAN_RT := $(shell $(CC) -print-file-name=libasan.so)
 UBSAN_RT := $(shell $(CC) -print-file-name=libubsan.so)
 SAN_PY  := $(abspath $(BUILD)/asan-py)
+# one pytest process per CPU where pytest-xdist is installed (requirements-dev.txt)
+SAN_PAR = $(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo y),-n $(shell nproc 2>/dev/null || echo 1))
 
 sanitize:
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
@@ -161,7 +163,7 @@ sanitize:
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
 	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
-	    $(PYTHON) -m pytest -q -x -p no:cacheprovider -m "not external and not slow" .
+	    $(PYTHON) -m pytest -q -x -p no:cacheprovider $(SAN_PAR) -m "not external and not slow" .
 
 bench: ext
 	$(PYTHON) bench/bench_gemm.py
