@@ -86,7 +86,7 @@ bn_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, c
     const double k = (double)x[ch * hw]; /* image 0, channel ch, first value */
     double sd = 0.0, sd2 = 0.0;
     auto ld = [&](int64_t o) { return x[o]; };
-    mdl_for_channel<8>(n, c, hw, ch, ld, [&](int64_t, float v) {
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t, float v) {
         const double d = (double)v - k;
         sd += d;
         sd2 += d * d;
@@ -103,8 +103,7 @@ bn_train(int64_t n, int64_t c, int64_t hw, const float *x, const float *gamma, c
     }
     __syncthreads();
     const float mf = coef[0], scale = coef[1], shift = coef[2];
-    mdl_for_channel<8>(n, c, hw, ch, ld,
-                       [&](int64_t o, float v) { y[o] = (v - mf) * scale + shift; });
+    mdl_for_channel(n, c, hw, ch, ld, [&](int64_t o, float v) { y[o] = (v - mf) * scale + shift; });
 }
 
 /* x, y (n, c, hw): y = (x - rm) * gamma / sqrt(rv + eps) + beta, elementwise */

@@ -106,7 +106,8 @@ __device__ T mdl_block_sum(T v, T *scratch)
  * first calls load(offset of (i, ch, j)) for all G, so that their reads are in flight
  * together, then use(offset, what load returned) for each in order: the thread sees its
  * values in the order of q whatever G is, and a use may write the values it loaded (in
- * place).  G = 8 where the kernel's registers allow (64 a thread at 1024 threads). */
+ * place).  The channel sums take G = 8 (measured 7% faster on an H200; BatchNorm's
+ * training kernel was not, and its registers reach the 64 a thread of 1024 threads). */
 template <int G = 4, class L, class U>
 __device__ __forceinline__ void mdl_for_channel(int64_t n, int64_t c, int64_t hw, int64_t ch,
                                                 L load, U use)
