@@ -146,6 +146,8 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 enum {
     B_PACKED,   /* a packed micro-panel: row p at b + p * NR */
     B_IN_PLACE, /* row p at b + p * ldb, lanes past cols not read */
+    B_IN_PLACE_NEXT, /* as B_IN_PLACE, whole, and the next micro-panel's row (bp + NR) is
+                      * prefetched into L2 (kernel_next) */
     B_OFFSETS   /* row p: the 8 floats at b + off[p], then the 8 at b + off[p] + half */
 };
 /* The accumulators are named variables (not an array) so that they stay in
@@ -211,8 +213,12 @@ kernel_rows(const int ROWS, const int AIN, const int BMODE, int64_t lda_, int64_
         if (BMODE == B_OFFSETS) {
             b0 = _mm256_loadu_ps(b + off[p]);
             b1 = _mm256_loadu_ps(b + off[p] + half);
-        } else if (BMODE == B_IN_PLACE) {
+        } else if (BMODE == B_IN_PLACE || BMODE == B_IN_PLACE_NEXT) {
             const float *bp = b + p * ldb;
+            if (BMODE == B_IN_PLACE_NEXT) {
+                _mm_prefetch((const char *)(bp + NR), _MM_HINT_T1);
+                _mm_prefetch((const char *)(bp + 2 * NR - 1), _MM_HINT_T1);
+            }
             b0 = whole ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, bm0);
             b1 = whole ? _mm256_loadu_ps(bp + 8) : _mm256_maskload_ps(bp + 8, bm1);
         } else {
@@ -239,6 +245,9 @@ kernel_rows(const int ROWS, const int AIN, const int BMODE, int64_t lda_, int64_
         for (int r = 0; r < ROWS; r++) memcpy(c + r * ldc, tmp + r * NR, (size_t)cols * 4);
 }
 
+/* The cases of a switch over a tile's rows, 1 to MR */
+#define ROW_CASES(CASE) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2) default: CASE(1)
+
 /* A tile of `rows` rows: A packed (a_ld == 0) or in place (row stride a_ld); B packed
  * (b_ld == 0, off == NULL), in place (row stride b_ld) or rows at offsets (off); an
  * epilogue (ep) or none. */
@@ -256,11 +265,7 @@ static void tile(int rows, int64_t kc, const float *a, int64_t a_ld, const float
         else if (b_ld) K(R, 0, B_IN_PLACE);                            \
         else K(R, 0, B_PACKED);                                        \
         break;
-    switch (rows) {
-    KERNEL_CASE(6) KERNEL_CASE(5) KERNEL_CASE(4) KERNEL_CASE(3) KERNEL_CASE(2)
-    default:
-    KERNEL_CASE(1)
-    }
+    switch (rows) { ROW_CASES(KERNEL_CASE) }
 #undef KERNEL_CASE
 #undef K
 }
@@ -270,6 +275,22 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
                    float *c, int64_t ldc, int cols, float beta)
 {
     tile(rows, kc, a, a_ld, b, b_ld, NULL, 0, c, ldc, cols, beta, NULL, 0);
+}
+
+/* A full-width tile with B in place that prefetches the next micro-panel (gemm_blocked.h) */
+static void kernel_next(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b,
+                        int64_t b_ld, float *c, int64_t ldc, float beta)
+{
+#define K(R, AIN) kernel_rows(R, AIN, B_IN_PLACE_NEXT, a_ld, kc, a, b, b_ld, NULL, 0, c, ldc, NR, \
+                              beta, NULL, 0)
+#define NEXT_CASE(R)                                                    \
+    case R:                                                            \
+        if (a_ld) K(R, 1);                                             \
+        else K(R, 0);                                                  \
+        break;
+    switch (rows) { ROW_CASES(NEXT_CASE) }
+#undef NEXT_CASE
+#undef K
 }
 
 /* np full-width tiles side by side, B micro-panel q at b + q * b_step (gemm_blocked.h's

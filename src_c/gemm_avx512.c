@@ -254,12 +254,12 @@ static void pack_b(int trans_b, const float *b, int64_t ldb, int64_t j0, int64_t
 
 /* 16 floats of a row of B: packed (INPLACE 0: aligned, whole), or in place (1:
  * lanes past the tile's columns are not read; 2: a whole tile, plain loads, 4-5%
- * faster than masked ones on Zen 4) */
+ * faster than masked ones on Zen 4; 3: as 2, see kernel_next) */
 static inline __attribute__((always_inline)) __m512
 load_b(const int INPLACE, __mmask16 mask, const float *p)
 {
     return INPLACE == 1 ? _mm512_maskz_loadu_ps(mask, p)
-         : INPLACE == 2 ? _mm512_loadu_ps(p) : _mm512_load_ps(p);
+         : INPLACE >= 2 ? _mm512_loadu_ps(p) : _mm512_load_ps(p);
 }
 
 static inline __attribute__((always_inline)) void
@@ -287,6 +287,10 @@ kernel_rows(const int ROWS, const int INPLACE, const int AIN, int64_t lda_, int6
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; p++) {
         const float *bp = b + p * ldb;
+        if (INPLACE == 3) { /* the next micro-panel's row, into L2 */
+            _mm_prefetch((const char *)(bp + NR), _MM_HINT_T1);
+            _mm_prefetch((const char *)(bp + NR + 16 * NRV - 1), _MM_HINT_T1);
+        }
         const __m512 b0 = load_b(INPLACE, m0, bp), b1 = load_b(INPLACE, m1, bp + 16);
         __m512 b2 = b0, b3 = b0;
         if (NRV > 2) {
@@ -312,6 +316,11 @@ kernel_rows(const int ROWS, const int INPLACE, const int AIN, int64_t lda_, int6
     }
 }
 
+/* The cases of a switch over a tile's rows, 1 to MR (the ones above MR never taken) */
+#define ROW_CASES(CASE)                                                                     \
+    CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9) CASE(8) CASE(7) CASE(6) CASE(5)    \
+    CASE(4) CASE(3) CASE(2) default: CASE(1)
+
 /* The tile kernel for `rows` rows, A packed (a_ld == 0: a micro-panel of MR rows) or
  * read in place (row stride a_ld), B packed (b_ld == 0: micro-panels of NR columns)
  * or read in place (row stride b_ld). */
@@ -328,31 +337,24 @@ static void kernel(int rows, int64_t kc, const float *a, int64_t a_ld, const flo
         else if (b_in) kernel_rows(R, 1, 0, 0, kc, a, b, b_ld, c, ldc, cols, beta);       \
         else kernel_rows(R, 0, 0, 0, kc, a, b, NR, c, ldc, cols, beta);                   \
         break;
-    switch (rows) {
-#if MR >= 14
-    KERNEL_CASE(14)
-#endif
-#if MR >= 13
-    KERNEL_CASE(13)
-#endif
-#if MR >= 12
-    KERNEL_CASE(12)
-#endif
-#if MR >= 11
-    KERNEL_CASE(11)
-#endif
-#if MR >= 10
-    KERNEL_CASE(10)
-#endif
-#if MR >= 9
-    KERNEL_CASE(9)
-#endif
-    KERNEL_CASE(8) KERNEL_CASE(7) KERNEL_CASE(6) KERNEL_CASE(5) KERNEL_CASE(4)
-    KERNEL_CASE(3) KERNEL_CASE(2)
-    default:
-    KERNEL_CASE(1)
-    }
+    switch (rows) { ROW_CASES(KERNEL_CASE) }
 #undef KERNEL_CASE
+}
+
+/* A full-width tile of kernel()'s with B in place (row stride b_ld) that prefetches
+ * the next micro-panel's rows (b + NR, the same stride) into L2 as it goes.  The
+ * rows are b_ld apart, too far for the hardware's prefetchers, so each line of B
+ * in place is otherwise a demand miss (16 x 12288 x 144, 2 threads, 1.3x) */
+static void kernel_next(int rows, int64_t kc, const float *a, int64_t a_ld, const float *b,
+                        int64_t b_ld, float *c, int64_t ldc, float beta)
+{
+#define NEXT_CASE(R)                                                                        \
+    case R:                                                                                 \
+        if (a_ld) kernel_rows(R, 3, 1, a_ld, kc, a, b, b_ld, c, ldc, NR, beta);              \
+        else kernel_rows(R, 3, 0, 0, kc, a, b, b_ld, c, ldc, NR, beta);                      \
+        break;
+    switch (rows) { ROW_CASES(NEXT_CASE) }
+#undef NEXT_CASE
 }
 
 /* np full-width tiles side by side (C's columns [0, np * NR)), B micro-panel q at b + q *
@@ -366,37 +368,24 @@ static void kernel_run(int rows, int64_t kc, const float *a, int64_t a_ld, const
     for (int64_t q = 0; q < np; q++)                                                        \
         kernel_rows(R, INPLACE, AIN, a_ld, kc, a, b + q * b_step, INPLACE ? b_ld : NR,       \
                     c + q * NR, ldc, NR, beta)
+/* B in place (b_step == NR): each tile but the last prefetches the next one's B */
+#define RUN_IN_PLACE(R, AIN)                                                                 \
+    do {                                                                                     \
+        for (int64_t q = 0; q + 1 < np; q++)                                                \
+            kernel_rows(R, 3, AIN, a_ld, kc, a, b + q * NR, b_ld, c + q * NR, ldc, NR, beta); \
+        kernel_rows(R, 2, AIN, a_ld, kc, a, b + (np - 1) * NR, b_ld, c + (np - 1) * NR, ldc,  \
+                    NR, beta);                                                               \
+    } while (0)
 #define RUN_CASE(R)                                                                          \
     case R:                                                                                  \
-        if (b_ld && a_ld) RUN(R, 2, 1);                                                      \
-        else if (b_ld) RUN(R, 2, 0);                                                         \
+        if (b_ld && a_ld) RUN_IN_PLACE(R, 1);                                                \
+        else if (b_ld) RUN_IN_PLACE(R, 0);                                                   \
         else if (a_ld) RUN(R, 0, 1);                                                         \
         else RUN(R, 0, 0);                                                                   \
         break;
-    switch (rows) {
-#if MR >= 14
-    RUN_CASE(14)
-#endif
-#if MR >= 13
-    RUN_CASE(13)
-#endif
-#if MR >= 12
-    RUN_CASE(12)
-#endif
-#if MR >= 11
-    RUN_CASE(11)
-#endif
-#if MR >= 10
-    RUN_CASE(10)
-#endif
-#if MR >= 9
-    RUN_CASE(9)
-#endif
-    RUN_CASE(8) RUN_CASE(7) RUN_CASE(6) RUN_CASE(5) RUN_CASE(4) RUN_CASE(3) RUN_CASE(2)
-    default:
-    RUN_CASE(1)
-    }
+    switch (rows) { ROW_CASES(RUN_CASE) }
 #undef RUN_CASE
+#undef RUN_IN_PLACE
 #undef RUN
 }
 

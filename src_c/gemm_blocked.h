@@ -25,6 +25,9 @@
  *                  or in place (row stride b_ld)
  *   kernel_run(rows, kc, a, a_ld, b, b_ld, b_step, np, c, ldc, beta)
  *                  np full-width tiles side by side, B micro-panel q at b + q * b_step
+ *   kernel_next(rows, kc, a, a_ld, b, b_ld, c, ldc, beta)
+ *                  a full-width tile, B in place, that prefetches the next micro-panel
+ *                  (b + NR) into L2
  *
  * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major.  Three drivers, chosen from
  * the shape (and, for the columns split over a large op(B) below, whether op(B) is
@@ -253,12 +256,19 @@ static void cols_split(int b_mode, int trans_a, int trans_b, int64_t m, int64_t 
             }
             for (int64_t qc = q0; qc < q1; qc += PACK_B_CHUNK) {
                 const int64_t qc1 = min64(qc + PACK_B_CHUNK, q1);
-                if (in_place) { /* B micro-panel q at b + pc * ldb + q * NR, row stride ldb */
+                if (in_place) { /* B micro-panel q at b + pc * ldb + q * NR, row stride ldb;
+                                 * the first row panel's tile fetches my next one */
                     for (int64_t q = qc; q < qc1; q++)
-                        for (int64_t pr = 0; pr < mpan; pr++)
-                            kernel((int)(i0[pr + 1] - i0[pr]), kb, ap[pr], a_ld,
-                                   b + pc * ldb + q * NR, ldb, c + i0[pr] * ldc + q * NR, ldc,
-                                   (int)min64(n - q * NR, NR), beta_eff);
+                        for (int64_t pr = 0; pr < mpan; pr++) {
+                            const int rows = (int)(i0[pr + 1] - i0[pr]);
+                            const float *bq = b + pc * ldb + q * NR;
+                            float *cq = c + i0[pr] * ldc + q * NR;
+                            if (pr == 0 && q + 1 < q1 && (q + 1) * NR <= n)
+                                kernel_next(rows, kb, ap[pr], a_ld, bq, ldb, cq, ldc, beta_eff);
+                            else
+                                kernel(rows, kb, ap[pr], a_ld, bq, ldb, cq, ldc,
+                                       (int)min64(n - q * NR, NR), beta_eff);
+                        }
                     continue;
                 }
                 /* B packed, micro-panel q at bq + (q - qc) * NR * kb; each A micro-panel
