@@ -447,6 +447,38 @@ def test_reconstructed_batch_norm_gradients(rng, bn_first):
         assert_close(fused[k], plain[k], "batch_norm", k)
 
 
+def test_reconstruction_checks_do_not_stop_the_device(monkeypatch, rng):
+    """On a device, each reconstructed BatchNorm's check of its gamma is a copy started
+    before the batch's and waited for with it: a fused step waits for the device as
+    often as the plain plan's step, not once more per BatchNorm in the middle of the
+    forward.  A small gamma on the device still makes it keep its input, with the
+    plain plan's gradients."""
+    from minidl.device.sim import SimStream
+    waits = []
+    monkeypatch.setattr(SimStream, "synchronize", lambda self: waits.append(1))
+    x, y = f32(rng, 4, 3, 8, 8), rng.integers(0, 2, 4)
+    net = _residual_net(True)
+    net.initialize(0)
+    sim = net.to("sim")
+
+    def grads(fuse):
+        waits.clear()
+        Executor(sim, make_plan(sim, 4, device=sim.device, fuse=fuse)).train_step(x, y)
+        return len(waits), {k: minidl.device.asnumpy(p.grad)
+                            for k, p in sim.parameters().items()}
+
+    assert grads(True)[0] == grads(False)[0]
+    gamma = sim.nodes["bn"].layer.params["weight"].data
+    small = minidl.device.asnumpy(gamma).copy()
+    small[1] = 1e-4
+    minidl.device.copy_into(gamma, small)
+    plain = grads(False)[1]
+    with pytest.warns(RuntimeWarning, match="keeps its input"):
+        fused = grads(True)[1]
+    for k in plain:
+        assert_close(fused[k], plain[k], "batch_norm", k)
+
+
 # ---- fused training against the plain plan ----------------------------------------
 
 def _train(model, device, fuse, batch, steps, lr=0.01):

@@ -303,6 +303,7 @@ class BatchNorm2d(Layer):
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         # a minidl.distributed.Comm: training statistics over the ranks' whole batch
         self.sync = None
+        self._gamma_host, self._gamma_fetched = None, False  # fetch_gamma's copy
 
     def build(self, in_shapes):
         s = tuple(in_shapes[0])
@@ -373,8 +374,23 @@ class BatchNorm2d(Layer):
                                      if "mapped" in tags else ())
         return y, saved, None
 
+    def fetch_gamma(self) -> None:
+        """Starts a copy of gamma to the host on the device's current stream, for this
+        step's reconstruction check; the caller waits for the stream before the forward
+        (the executor does so once for all of them, with the batch's copy), so that the
+        check does not stop the device in the middle of the forward."""
+        g = self.params["weight"].data
+        if isinstance(g, DeviceArray):
+            if self._gamma_host is None or self._gamma_host.shape != g.shape:
+                self._gamma_host = g.device.pinned_empty(g.shape, g.dtype)
+            g.device.to_host_async(g, self._gamma_host)
+            self._gamma_fetched = True
+
     def _reconstructible(self) -> bool:
-        small = float(np.abs(asnumpy(self.params["weight"].data)).min()) < RECONSTRUCT_MIN_GAMMA
+        g = self.params["weight"].data
+        if isinstance(g, DeviceArray) and self._gamma_fetched:
+            g, self._gamma_fetched = self._gamma_host, False
+        small = float(np.abs(asnumpy(g)).min()) < RECONSTRUCT_MIN_GAMMA
         if small:
             warnings.warn(f"a BatchNorm2d has |gamma| < {RECONSTRUCT_MIN_GAMMA:g}: it keeps its "
                           f"input for backward in this step instead of reconstructing it, "

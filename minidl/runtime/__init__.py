@@ -126,6 +126,9 @@ class Executor:
         # are final): data-parallel training starts exchanging them from there
         self.backward_hook: Optional[Callable[[str], None]] = None
         self._last_read = {x: i for i, s in enumerate(self.plan.steps) for x in s.inputs}
+        # the BatchNorms whose input the plan reconstructs: each checks its gamma per step
+        self._reconstructed = [net.nodes[s.name].layer for s in self.plan.steps
+                               if "reconstructed" in s.fused]
         # evaluation mode on the cpu: the layers each convolution absorbs (BatchNorm
         # folded into its weights, ReLU in its epilogue; minidl.plan.inference_fusion)
         self.inference_groups = inference_fusion(net) if fuse_inference and self.host else {}
@@ -226,8 +229,13 @@ class Executor:
 
     def _forward(self, x, training: bool, held=()):
         x = self._check_input(x)
+        fetch = self._reconstructed if training and not self.host else []
+        for layer in fetch:  # done by the wait for the batch's copy (or the one below)
+            layer.fetch_gamma()
         if not self.host and isinstance(x, np.ndarray):
             x = self.device.to_device(np.ascontiguousarray(x, np.float32))
+        elif fetch:
+            self.device.current.synchronize()
         outs = {INPUT: x}
         del x  # outs holds the only reference: the batch is freed after its last reader
         ctx: Dict[str, object] = {}
