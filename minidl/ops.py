@@ -161,7 +161,7 @@ def _float(name: str, v, lo: float = -np.inf, hi: float = np.inf, *, lo_open=Fal
 
 
 def _flat(a: Optional[np.ndarray]):
-    return None if a is None else a.reshape(-1)
+    return None if a is None else a.ravel()
 
 
 # ---- GEMM -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Mapping, Sequence, Tuple
 import numpy as np
 
 from minidl import _C, ops
-from minidl.device import asnumpy, copy_into, zeros_like
+from minidl.device import DeviceArray, asnumpy, copy_into, zeros_like
 from minidl.nn.layers import Parameter
 
 Schedule = Callable[[int], float]
@@ -49,21 +49,28 @@ class Optimizer:
         calls in _update skip them)."""
 
     @staticmethod
-    def _direct(p: Parameter, *state) -> bool:
-        """Whether the update may call the C kernel directly, without ops' per-call
-        checks: host float32 arrays, C-contiguous, of the parameter's shape, the
-        parameter and its state writable (state arrays are the optimizer's own, distinct
-        from the parameter by construction)."""
+    def _direct(p: Parameter, *state):
+        """The kernels the update may call directly, without ops' per-call checks, or
+        None: minidl._C for host float32 arrays, C-contiguous, of the parameter's shape,
+        the parameter and its state writable; the device's kernels for float32 arrays of
+        that shape all on the parameter's device (state arrays are the optimizer's own,
+        distinct from the parameter by construction)."""
         d, g = p.data, p.grad
+        if type(d) is DeviceArray:
+            for a in (d, g) + state:
+                if type(a) is not DeviceArray or a.device is not d.device \
+                        or a.dtype != np.float32 or a.shape != d.shape:
+                    return None
+            return d.device.kernels
         if type(d) is not np.ndarray or type(g) is not np.ndarray:
-            return False
+            return None
         if g.dtype != np.float32 or g.shape != d.shape or not g.flags.c_contiguous:
-            return False
+            return None
         for a in (d,) + state:
             if type(a) is not np.ndarray or a.dtype != np.float32 or a.shape != d.shape \
                     or not a.flags.c_contiguous or not a.flags.writeable:
-                return False
-        return True
+                return None
+        return _C
 
     def _update(self, name: str, p: Parameter) -> None:
         raise NotImplementedError
@@ -111,11 +118,11 @@ class SGD(Optimizer):
 
     def _update(self, name, p):
         buf = self.state["momentum_buffer"][name] if self.momentum else None
-        if self._direct(p, *(() if buf is None else (buf,))):
-            _C.sgd_step(p.data.reshape(-1), p.grad.reshape(-1),
-                        None if buf is None else buf.reshape(-1), self.lr, self.momentum,
-                        self.dampening, self.weight_decay, bool(self.nesterov),
-                        self.steps == 0)
+        k = self._direct(p, *(() if buf is None else (buf,)))
+        if k is not None:
+            k.sgd_step(p.data.ravel(), p.grad.ravel(), None if buf is None else buf.ravel(),
+                       self.lr, self.momentum, self.dampening, self.weight_decay,
+                       bool(self.nesterov), self.steps == 0)
             return
         ops.sgd_step(p.data, p.grad, buf, lr=self.lr, momentum=self.momentum,
                      dampening=self.dampening, weight_decay=self.weight_decay,
@@ -144,10 +151,11 @@ class Adam(Optimizer):
 
     def _update(self, name, p):
         m, v = self.state["exp_avg"][name], self.state["exp_avg_sq"][name]
-        if self._direct(p, m, v):
-            _C.adam_step(p.data.reshape(-1), p.grad.reshape(-1), m.reshape(-1), v.reshape(-1),
-                         self.steps + 1, self.lr, self.betas[0], self.betas[1], self.eps,
-                         self.weight_decay, bool(self.decoupled))
+        k = self._direct(p, m, v)
+        if k is not None:
+            k.adam_step(p.data.ravel(), p.grad.ravel(), m.ravel(), v.ravel(), self.steps + 1,
+                        self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
+                        bool(self.decoupled))
             return
         ops.adam_step(p.data, p.grad, self.state["exp_avg"][name],
                       self.state["exp_avg_sq"][name], step=self.steps + 1, lr=self.lr,

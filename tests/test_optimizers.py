@@ -123,6 +123,38 @@ def test_direct_kernel_path_matches_ops_path(rng, cls, kw):
         np.testing.assert_array_equal(a[k].data, b[k].data)
 
 
+@pytest.mark.parametrize("cls,kw", [(optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-2)),
+                                    (optim.Adam, dict(lr=1e-2, weight_decay=1e-2))])
+def test_device_parameters_take_the_direct_path(rng, monkeypatch, cls, kw):
+    """Parameters, gradients and state on one device go to the device's kernel directly
+    (one launch each, none through minidl.ops): the same bits as on the host; a
+    gradient left on the host goes through minidl.ops, which refuses it."""
+    from minidl.device import get_device
+    sim = get_device("sim")
+    shapes = ((3, 4), (5,), (2, 3, 3, 3))
+    a = params(rng, shapes)
+    b = {k: Parameter(p.data.shape, 0.0) for k, p in a.items()}
+    for k in b:
+        b[k].data = sim.to_device(a[k].data)
+    oa, ob = cls(a, **kw), cls(b, **kw)
+    real = getattr(optim.ops, cls.__name__.lower() + "_step")
+    monkeypatch.setattr(optim.ops, real.__name__, lambda *a, **k: pytest.fail("not direct"))
+    for _ in range(3):
+        for k in a:
+            a[k].grad = rng.standard_normal(a[k].data.shape).astype(np.float32)
+            b[k].grad = sim.to_device(a[k].grad)
+        oa.step()
+        launches = sim.launches
+        ob.step()
+        assert sim.launches - launches == len(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k].data, sim.to_host(b[k].data))
+    monkeypatch.setattr(optim.ops, real.__name__, real)
+    b["p0"].grad = a["p0"].grad
+    with pytest.raises(ValueError, match="one device"):
+        ob.step()
+
+
 def test_hyper_parameters_checked_each_step(rng):
     ps = params(rng)
     for p in ps.values():

@@ -148,6 +148,11 @@ class DeviceArray:
             raise ValueError(f"cannot reshape an array of shape {self.shape} into {shape}")
         return DeviceArray(self.device, self.mem, shape, self.dtype, self.offset)
 
+    def ravel(self) -> "DeviceArray":
+        """A 1-D view (reshape(-1) without its argument handling, for the hot paths)."""
+        return self if len(self.shape) == 1 else \
+            DeviceArray(self.device, self.mem, (self.size,), self.dtype, self.offset)
+
     def __array__(self, *args, **kwargs):
         raise TypeError(f"this array is in {self.device.name} memory, not a NumPy array: "
                         f"copy it explicitly with device.to_host(a) (or minidl.device.asnumpy)")
