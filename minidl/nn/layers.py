@@ -388,7 +388,7 @@ class BatchNorm2d(Layer):
 
     def _reconstructible(self) -> bool:
         g = self.params["weight"].data
-        if isinstance(g, DeviceArray) and self._gamma_fetched:
+        if self._gamma_fetched:  # this step's copy, from fetch_gamma
             g, self._gamma_fetched = self._gamma_host, False
         small = float(np.abs(asnumpy(g)).min()) < RECONSTRUCT_MIN_GAMMA
         if small:
