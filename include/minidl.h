@@ -23,7 +23,8 @@
  *    when it is 1.
  *  - Functions that need scratch memory take (workspace, workspace_bytes)
  *    and say how much with a *_workspace_size() function.  Passing NULL makes
- *    the call allocate (and free) its own scratch memory; a non-NULL
+ *    the call use the library's own: one block, kept after the call for the
+ *    next one that it is large enough for (mdl_set_keep_workspace); a non-NULL
  *    workspace that is too small is an error (MDL_ERR_WORKSPACE).
  *  - Threads: OpenMP, count from mdl_set_num_threads() or the environment
  *    variable MINIDL_NUM_THREADS; by default the cores this process may use.
@@ -81,6 +82,11 @@ MDL_API const char *mdl_status_string(mdl_status status);
 MDL_API const char *mdl_last_error(void);
 /* The library version, "MAJOR.MINOR.PATCH". */
 MDL_API const char *mdl_version(void);
+/* Whether calls given a NULL workspace keep the scratch memory they allocate for the
+ * next such call (keep 1, the default: one block, no larger than the largest call's
+ * need) or free it when they return (keep 0, which also frees the block kept now). */
+MDL_API void mdl_set_keep_workspace(int keep);
+MDL_API int mdl_get_keep_workspace(void);
 
 /* ------------------------------------------------------------------------ */
 /* Threads and SIMD dispatch                                                 */

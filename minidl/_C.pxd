@@ -12,6 +12,8 @@ cdef extern from "minidl.h" nogil:
     const char *mdl_status_string(mdl_status status)
     const char *mdl_last_error()
     const char *mdl_version()
+    void mdl_set_keep_workspace(int keep)
+    int mdl_get_keep_workspace()
 
     mdl_status mdl_set_num_threads(int n)
     int mdl_get_num_threads()

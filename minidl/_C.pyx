@@ -75,6 +75,16 @@ def version():
     return mdl_version().decode()
 
 
+def set_keep_workspace(bint keep):
+    """Whether the kernels keep their scratch memory for the next call (True, the
+    default) or free it when they return (False, which also frees what is kept now)."""
+    mdl_set_keep_workspace(keep)
+
+
+def get_keep_workspace():
+    return bool(mdl_get_keep_workspace())
+
+
 def set_num_threads(int n):
     check(mdl_set_num_threads(n))
 

@@ -12,13 +12,15 @@ programs can link the same core (``python -m minidl --cflags --libs``).
 import os
 
 from minidl import _C
-from minidl._C import (cpu_simd, get_conv_algo, get_num_threads, get_simd,  # noqa: F401
-                       set_conv_algo, set_num_threads, set_simd)
+from minidl._C import (cpu_simd, get_conv_algo, get_keep_workspace,  # noqa: F401
+                       get_num_threads, get_simd, set_conv_algo, set_keep_workspace,
+                       set_num_threads, set_simd)
 
 __version__ = _C.version()
 __all__ = ["ops", "nn", "Net", "optim", "models", "get_include", "get_library_dir",
            "set_num_threads", "get_num_threads", "set_simd", "get_simd", "cpu_simd", "set_conv_algo",
-           "get_conv_algo", "__version__"]
+           "get_conv_algo", "set_keep_workspace", "get_keep_workspace",
+           "__version__"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -96,13 +96,15 @@ static inline int64_t mdl_range_step(int64_t count, int nt)
         }                                                                      \
     } while (0)
 
-/* Scratch memory: if `ws` is NULL, allocate `need` bytes into *owned (freed
- * by the caller with mdl_free); otherwise check that ws_bytes >= need.
- * The returned pointer is aligned to 64 bytes.  `need` must come from the
- * op's *_workspace_size function, which includes MDL_WS_SLACK. */
+/* Scratch memory: if `ws` is NULL, take `need` bytes of the library's own workspace
+ * (runtime.c) into *owned, which the caller gives back with mdl_workspace_done;
+ * otherwise check that ws_bytes >= need (*owned NULL).  The returned pointer is aligned
+ * to 64 bytes.  `need` must come from the op's *_workspace_size function, which
+ * includes MDL_WS_SLACK. */
 #define MDL_WS_SLACK 64
 mdl_status mdl_workspace(const char *fn, void *ws, size_t ws_bytes, size_t need,
                          void **owned, float **out);
+void mdl_workspace_done(void *owned); /* NULL: nothing */
 void *mdl_alloc(size_t bytes); /* 64-byte aligned, NULL on failure */
 void mdl_free(void *p);
 

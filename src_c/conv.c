@@ -1781,7 +1781,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     if (g.dense) {
         st = dense_forward(s, &g, x, in, w, bias, relu, channel_sum, channel_sumsq,
                            pool ? &pl : NULL, y, ws);
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return st;
     }
     /* the per-image channel sums (n, 2, c_out), then the packed weights */
@@ -1802,7 +1802,7 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
         per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL,
                   pool ? &pl : NULL, 0.0f, y, ws, avail, nt);
     if (want_sums && st == MDL_OK) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
-    mdl_free(owned);
+    mdl_workspace_done(owned);
     return st;
 }
 
@@ -1965,7 +1965,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
     }
     if (g.dense) {
         st = dense_backward_data(s, &g, dy, w, dx, accumulate, ws);
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return st;
     }
     const float beta = accumulate ? 1.0f : 0.0f;
@@ -1991,12 +1991,12 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         else
 #endif
             per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail, nt);
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return st;
     }
     if (g.phase_data) {
         backward_data_phases(s, &g, dy, w, dx, accumulate, ws, avail);
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return MDL_OK;
     }
     float *colbuf = ws, *outbuf = ws + g.col_floats, *gemm_ws = outbuf + g.out_floats;
@@ -2013,7 +2013,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
                        gemm_ws, g.gemm_bytes);
         if (st == MDL_OK) col2im(s, &g, colbuf, nb, dx + b * image, accumulate);
     }
-    mdl_free(owned);
+    mdl_workspace_done(owned);
     return st;
 }
 
@@ -2055,14 +2055,14 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
 #if MDL_X86
     if (fast && dx &&
         backward_winograd(s, &g, x, in, dy, w, dx, accumulate_dx, dw, accumulate, ws, avail)) {
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return MDL_OK;
     }
 #endif
     /* the data gradient alone, in the workspace taken above (its need is part of g's) */
-    if (dx && (st = backward_data(fn, s, dy, w, dx, accumulate_dx, owned ? owned : workspace,
+    if (dx && (st = backward_data(fn, s, dy, w, dx, accumulate_dx, owned ? (void *)ws : workspace,
                                   owned ? avail + MDL_WS_SLACK : workspace_bytes)) != MDL_OK) {
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return st;
     }
     if (!fast) {
@@ -2082,7 +2082,7 @@ static mdl_status backward_weights(const char *fn, const mdl_conv2d_shape *s, co
         st = batch_weights(s, &g, x, in, dy, dw, accumulate, ws);
     else
         weights_per_image(s, &g, x, in, dy, dw, accumulate, ws, avail);
-    mdl_free(owned);
+    mdl_workspace_done(owned);
     return st;
 }
 

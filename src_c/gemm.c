@@ -67,7 +67,7 @@ mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, 
             mdl_sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
         else
             mdl_sgemm_avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
-        mdl_free(owned);
+        mdl_workspace_done(owned);
         return MDL_OK;
     }
     int nt = mdl_threads_for((double)m * n * (k + 1));

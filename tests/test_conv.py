@@ -1,5 +1,9 @@
 """conv2d and conv2d_backward against the float64 reference (tests/reference.py),
 on both kernel versions, plus accumulate semantics, workspaces and bad input."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -530,6 +534,40 @@ def test_workspace(simd, rng):
     for call in calls:
         with pytest.raises(ValueError, match="workspace has .* bytes, needs"):
             call()
+
+
+_KEPT_WORKSPACE = """
+import resource, sys, numpy as np, minidl
+from minidl import _C
+shape = (32, 512, 4, 4, 512, 3, 3, 1, 1, 1, 1)  # a 74 MB workspace: glibc maps it afresh
+x, w, y = np.ones(32 * 512 * 16, np.float32), np.ones(512 * 512 * 9, np.float32), np.empty(32 * 512 * 16, np.float32)
+def faults(calls):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        _C.conv2d_forward(shape, x, w, None, y)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+faults(1)
+again = faults(3)
+minidl.set_keep_workspace(False)
+after = faults(2) / 2
+minidl.set_keep_workspace(True)
+faults(1)
+print(_C.conv2d_workspace_size(shape), again, after, faults(3))
+"""
+
+
+def test_workspace_kept_between_calls():
+    """Calls without a workspace reuse the one the library kept from the call before:
+    no page of it is mapped again; with set_keep_workspace(False) each call maps
+    thousands.  In a fresh process: the executor's malloc settings
+    (minidl.runtime.keep_freed_memory) would hide the difference."""
+    env = dict(os.environ, MINIDL_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", _KEPT_WORKSPACE], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    size, again, freed, kept_again = (float(v) for v in out)
+    assert size > 40 << 20
+    assert again < 100 and kept_again < 100, f"{again}, {kept_again} page faults in 3 calls"
+    assert freed > 1000, f"{freed} page faults a call without the kept workspace"
 
 
 def test_workspace_weights_by_taps(rng):

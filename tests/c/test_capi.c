@@ -127,6 +127,17 @@ static void test_conv(const char *level)
     st = mdl_conv2d_backward_weights(&s, x, dy, dw, 0, NULL, 0); /* NULL: the call allocates */
     EXPECT(st == MDL_OK, "[%s] conv backward weights: %s", level, mdl_last_error());
     EXPECT(max_rel_err(dw, rdw, nw) < 1e-5, "[%s] conv dw error %g", level, max_rel_err(dw, rdw, nw));
+    /* again in the workspace that call left, then with none kept: the same values */
+    float *dw3 = malloc(nw * sizeof *dw3);
+    for (int round = 0; round < 3; round++) {
+        mdl_set_keep_workspace(round < 2);
+        st = mdl_conv2d_backward_weights(&s, x, dy, dw3, 0, NULL, 0);
+        EXPECT(st == MDL_OK && memcmp(dw, dw3, nw * sizeof *dw) == 0, "[%s] conv dw again: %s",
+               level, st == MDL_OK ? "values differ" : mdl_last_error());
+    }
+    free(dw3);
+    mdl_set_keep_workspace(1);
+    EXPECT(mdl_get_keep_workspace() == 1, "[%s] mdl_get_keep_workspace", level);
     /* both gradients in one call: the two calls' values, bit for bit */
     float *dx2 = malloc(nx * sizeof *dx2), *dw2 = malloc(nw * sizeof *dw2);
     st = mdl_conv2d_backward(&s, x, NULL, dy, w, dx2, 0, dw2, 0, ws, ws_bytes);
