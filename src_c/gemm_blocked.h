@@ -58,15 +58,16 @@
  *         pack B (when ic == 0; not when it is read in place: C of at most
  *           SHARED_IN_PLACE_M rows, B's rows aligned, or of at most
  *           SHARED_IN_PLACE_UNALIGNED_M rows, B anywhere; nor when each thread has
- *           columns of its own: then a group at a time below) and A, cooperatively;
- *           barrier
+ *           columns, or rows, of its own: then a group at a time below, each
+ *           thread its own copy when it has all the columns) and A, cooperatively;
+ *           barrier (none when nothing packed is shared)
  *         each thread: its rows x its columns of the block, in column groups
  *           of NG micro-panels (L2; packed just before use, for each ic, when the
  *           columns are the thread's alone) and row groups of MC_PANELS; inside,
  *           one A micro-panel (L1) meets each B micro-panel in turn, or, with
  *           B_PANEL_OUTER, one B micro-panel (L1) each A micro-panel (the AVX2
  *           tile loads more of B than of A per step)
- *         barrier
+ *         barrier (with nothing packed shared, only between blocks of rows)
  *
  * Packed A holds alpha * op(A) in micro-panels of MR rows (p-major, rows padded
  * with zeros); packed B holds op(B) in micro-panels of NR columns (p-major,
@@ -411,14 +412,21 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
         const int ti = t / tn, tj = t % tn;
         /* when no other thread shares my columns, B is packed a column group at a
          * time, just before its kernels, into the start of my share of the B buffer,
-         * where it stays in L2 (128 x 4096 x 1152: 1.07x) */
-        const int lazy_b = LAZY_B && tm == 1 && !b_in_place;
+         * where it stays in L2 (128 x 4096 x 1152: 1.07x).  When no other thread shares
+         * my rows, I pack each of B's column groups myself, in the same way, into NG
+         * micro-panels of the B buffer of my own: every thread then packs all of B, but
+         * nothing is shared save the lines of C's rows, and no thread waits for another
+         * within a block of rows (shared, each thread packed half of B over lines that
+         * the other core had just read, an invalidation each, then waited for it: 2
+         * threads, 1024^3 1.1x).  Not for short K, whose column groups may be larger. */
+        const int own_b = tn == 1 && tm > 1 && !b_in_place && k > SHORT_K && T * NG * NR <= bl.nc;
+        const int lazy_b = (LAZY_B && tm == 1 && !b_in_place) || own_b;
 
         for (int64_t jc = 0; jc < n; jc += bl.nc) {
             const int64_t nb = min64(n - jc, bl.nc);
             const int64_t npan = ceil_div(nb, NR);
             const int64_t c0 = npan * tj / tn, c1 = npan * (tj + 1) / tn;
-            float *const bgroup = bpack + c0 * NR * min64(k, bl.kc);
+            float *const bgroup = bpack + (own_b ? t * NG : c0) * NR * min64(k, bl.kc);
             for (int64_t pc = 0; pc < k; pc += bl.kc) {
                 const int64_t kb = min64(k - pc, bl.kc);
                 const float beta_eff = pc == 0 ? beta : 1.0f;
@@ -440,9 +448,11 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                         int64_t lo = r0 + (r1 - r0) * tj / tn, hi = r0 + (r1 - r0) * (tj + 1) / tn;
                         for (int64_t q = lo; q < hi; q++)
                             pack_a(trans_a, a, lda, ic + q * h, pc, (int)min64(mbk - q * h, h),
-                                   kb, alpha, apack + q * MR * kb);
+                                   kb, alpha, apack + q * MR * bl.kc);
                     }
+                    if (!own_b) {
 #pragma omp barrier
+                    }
                     /* my rows [r0, r1) x columns [c0, c1): column groups of NG
                      * micro-panels (L2), in each, row groups of MC_PANELS A
                      * micro-panels; in those, one A micro-panel (L1) against each B
@@ -479,14 +489,14 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                                 if (cf > cg) {
                                     const int64_t pr = rg + o;
                                     kernel_run((int)min64(mbk - pr * h, h), kb,
-                                               apack + pr * MR * kb, 0, bg, b_ld, b_step, cf - cg,
+                                               apack + pr * MR * bl.kc, 0, bg, b_ld, b_step, cf - cg,
                                                c + (ic + pr * h) * ldc + jc + cg * NR, ldc,
                                                beta_eff);
                                 }
                                 for (int64_t in = 0; in < inner; in++) {
                                     const int64_t q = B_PANEL_OUTER ? cg + o : cf + in;
                                     const int64_t pr = rg + (B_PANEL_OUTER ? in : o);
-                                    kernel((int)min64(mbk - pr * h, h), kb, apack + pr * MR * kb,
+                                    kernel((int)min64(mbk - pr * h, h), kb, apack + pr * MR * bl.kc,
                                            0, bg + (q - cg) * b_step, b_ld,
                                            c + (ic + pr * h) * ldc + jc + q * NR, ldc,
                                            (int)min64(nb - q * NR, NR), beta_eff);
@@ -494,7 +504,13 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                             }
                         }
                     }
+                    /* with own_b: a block of rows of another size splits its panels
+                     * between the threads differently, so a thread may pack the A
+                     * micro-panels another is still reading (A micro-panel q stays at
+                     * apack + q * MR * kc from one K block to the next) */
+                    if (!own_b || m > bl.mb) {
 #pragma omp barrier
+                    }
                 }
             }
         }

@@ -251,6 +251,26 @@ def test_sgemm_same_result_for_any_thread_count(simd, rng, m, n, k, trans_b):
         np.testing.assert_array_equal(r, results[0])
 
 
+@pytest.mark.skipif(minidl.cpu_simd() != "avx512", reason="the AVX-512 tiles' column groups")
+def test_sgemm_threads_with_their_own_b(rng):
+    """Threads with rows of their own each pack B themselves and wait for no other
+    within a block of rows; between blocks of rows of different sizes (812 and 788
+    rows here), which split their A micro-panels differently, they do wait.  Each call
+    alike, and like one thread's."""
+    a, b = f32(rng, 1600, 300), f32(rng, 300, 800)
+    before = minidl.get_num_threads()
+    try:
+        minidl.set_num_threads(1)
+        want = ops.sgemm(a, b)
+        for nt in (2, 3):
+            minidl.set_num_threads(nt)
+            for _ in range(4):
+                np.testing.assert_array_equal(ops.sgemm(a, b), want)
+    finally:
+        minidl.set_num_threads(before)
+    assert_close(want, a.astype(np.float64) @ b, "gemm")
+
+
 def test_sgemm_workspace_fits_every_level(rng):
     """The workspace size is one for all levels: a buffer sized under one level
     serves a call made under another."""
