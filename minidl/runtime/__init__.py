@@ -63,9 +63,9 @@ def keep_freed_memory() -> bool:
     instead of the kernel mapping and zeroing fresh ones (page faults: on 2 threads
     several ms per step).  Peak memory is unchanged; the process keeps its peak after
     a step.  The kernels then give their scratch memory back to malloc after each call
-    (minidl.set_keep_workspace(False)), where the activations can reuse it: kept for the
-    kernels alone, vgg11_bn's 79 MB block raised its peak RSS from 317 to 429 MB.  The
-    cpu executor calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
+    (minidl.set_keep_workspace(False)), where the activations can reuse it (kept for
+    the kernels alone, it would add to the peak: bench/NOTES.md).  The cpu executor
+    calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
     Returns whether the setting is in force (False off glibc, or where another malloc
     is interposed, such as AddressSanitizer's, which ignores mallopt)."""
     global _kept_memory
