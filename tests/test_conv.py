@@ -537,10 +537,11 @@ def test_workspace(simd, rng):
 
 
 _KEPT_WORKSPACE = """
-import resource, sys, numpy as np, minidl
+import resource, numpy as np, minidl
 from minidl import _C
 shape = (32, 512, 4, 4, 512, 3, 3, 1, 1, 1, 1)  # a 74 MB workspace: glibc maps it afresh
-x, w, y = np.ones(32 * 512 * 16, np.float32), np.ones(512 * 512 * 9, np.float32), np.empty(32 * 512 * 16, np.float32)
+x, y = np.ones(32 * 512 * 16, np.float32), np.empty(32 * 512 * 16, np.float32)
+w = np.ones(512 * 512 * 9, np.float32)
 def faults(calls):
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(calls):
