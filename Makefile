@@ -20,7 +20,8 @@ CFLAGS_COMMON := -std=c11 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Wno-
 OPT           := -O3
 AVX2_FLAGS    := -mavx2 -mfma -fno-tree-loop-distribute-patterns -Wa,-mbranches-within-32B-boundaries
 AVX512_FLAGS  := -mavx512f $(AVX2_FLAGS)
-SAN_FLAGS     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SAN_FLAGS     := -O1 -g -fno-var-tracking-assignments -fno-omit-frame-pointer \
+                 -fsanitize=address,undefined -fno-sanitize-recover=all
 
 SRCS := $(wildcard src_c/*.c)
 HDRS := $(wildcard src_c/*.h) include/minidl.h

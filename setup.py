@@ -40,11 +40,13 @@ AVX2_FLAGS = ["-mavx2", "-mfma", "-fno-tree-loop-distribute-patterns",
 AVX512_FLAGS = ["-mavx512f"] + AVX2_FLAGS
 SANITIZE = os.environ.get("MINIDL_SANITIZE") == "1"
 if SANITIZE:
-    # -fno-wrapv undoes Python's -fwrapv: UBSan then checks signed overflow too, and
-    # gemm_avx512.c compiles in 96 s instead of 228
+    # -fno-wrapv undoes Python's -fwrapv: UBSan then checks signed overflow too (and
+    # gemm_avx512.c compiles 2.4x faster).  -fno-var-tracking-assignments: reports keep
+    # their files and lines, a debugger sees fewer locals, and the SGEMM's files compile
+    # in two thirds of the time.  The Makefile's SAN_FLAGS match.
     BASE_FLAGS = [f for f in BASE_FLAGS if f != "-O3"] + [
-        "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-        "-fno-sanitize-recover=all", "-fno-wrapv"]
+        "-O1", "-g", "-fno-var-tracking-assignments", "-fno-omit-frame-pointer",
+        "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-wrapv"]
 LINK_FLAGS = ["-fopenmp"] + (["-fsanitize=address,undefined"] if SANITIZE else [])
 
 CUDA_SOURCES = sorted(glob.glob("src_cuda/*.cu"))

@@ -1,10 +1,14 @@
-/* gemm.h -- internal: SGEMM kernels shared by gemm.c, gemm_avx2.c, gemm_avx512.c and the ops
- * built on GEMM. */
+/* gemm.h -- internal: SGEMM kernels shared by gemm.c, gemm_avx2.c, gemm_avx512.c,
+ * gemm_image_avx512.c and the ops built on GEMM. */
 #ifndef MDL_GEMM_H
 #define MDL_GEMM_H
 #include <stdint.h>
 #include <stddef.h>
 #include "common.h"
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 void mdl_sgemm_scalar(int trans_a, int trans_b, int64_t i0, int64_t i1, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
@@ -81,9 +85,9 @@ static inline int64_t mdl_rows_panel(int64_t j, int64_t cols, int64_t ld)
 void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
                                  int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                  float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
-/* The same with AVX-512F: mdl_sgemm_avx512_rows_pack_a packs a (m x k, row-major,
- * lda) into pa, which holds mdl_sgemm_avx512_rows_a_floats(m, k) floats (64-byte
- * aligned), for mdl_sgemm_avx512_packed_image. */
+/* The same with AVX-512F (gemm_image_avx512.c): mdl_sgemm_avx512_rows_pack_a packs a
+ * (m x k, row-major, lda) into pa, which holds mdl_sgemm_avx512_rows_a_floats(m, k)
+ * floats (64-byte aligned), for mdl_sgemm_avx512_packed_image. */
 size_t mdl_sgemm_avx512_rows_a_floats(int64_t m, int64_t k);
 void mdl_sgemm_avx512_rows_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, float *pa);
 void mdl_sgemm_avx512_packed_image(int64_t m, int64_t k, const float *pa, const float *b,

@@ -86,10 +86,6 @@ typedef struct blocking {
     int64_t kc, mb, nc; /* block sizes (mb multiple of MR, nc multiple of NR) */
 } blocking;
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 /* Rows of C's tiles, at most.  With few steps of K, a tile's stores of C decide its
  * speed; when C's rows lie a multiple of 4 KiB apart (a convolution's columns, N = a
  * chunk of images x H x W) every row of a tile falls in the same L1 set, and more rows
