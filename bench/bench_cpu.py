@@ -25,18 +25,20 @@ temporary directory, one copy per thread at once; skipped without a C compiler)
 and the SGEMM shapes (square 512-2048 and the GEMMs of the nets' convolutions:
 forward, data and weight gradient of each layer as bench_gemm.conv_gemms lays them
 out, op(A) or op(B) transposed as there),
-minidl and NumPy alternating with bench_gemm.py's code, in this process, in
-rounds over all the shapes (so that one shape's samples are spread over the
-whole stage, not taken in one slow minute), each round on fresh operands at
-random places in their pages (a thin product's speed on two threads depends on
-where C lies against B, bench/NOTES.md; the median is then over layouts, each
-round's recorded).  The
+minidl and NumPy alternating with bench_gemm.py's code, in this process, and
+PyTorch's torch.mm (MKL) after them in a child under --torch-python
+(bench/torch_gemm.py; left out without one), in rounds over all the shapes (so
+that one shape's samples are spread over the whole stage, not taken in one slow
+minute), each round on fresh operands at random places in their pages (a thin
+product's speed on two threads depends on where C lies against B,
+bench/NOTES.md; the median is then over layouts, each round's recorded).  The
 peak is measured before and after the SGEMM shapes and the higher figure is
 used.  The JSON is written after each stage ("complete": false until the end).
 
 Ratios are medians of per-round ratios: minidl / PyTorch's faster layout in
 that round (NCHW or channels_last, decided per round), T threads / 1 thread
-for minidl's training, NumPy's time / minidl's time per SGEMM sample pair.
+for minidl's training, NumPy's (and PyTorch's) time / minidl's time per SGEMM
+sample pair.  PyTorch's SGEMM is a reference only: no goal is checked against it.
 The goals (GOALS) are checked on the medians and reported as pass/fail, in the
 output and in the JSON, which also holds every raw sample and machine info.
 
@@ -142,20 +144,26 @@ def summarise_net(runs) -> dict:
 
 
 def summarise_gemm(rows, peak_gflops) -> list:
-    """Per shape: GFLOP/s statistics of each library, % of peak of minidl's median, and
-    the median per-round speed ratio minidl / NumPy."""
+    """Per shape: GFLOP/s statistics of each library (PyTorch's where it ran), % of peak
+    of minidl's and PyTorch's medians, and the median per-round speed ratios minidl /
+    NumPy and minidl / PyTorch."""
+    def pct(g):
+        return 100 * g["median"] / peak_gflops if peak_gflops and g["median"] is not None \
+            else None
+
     out = []
     for row in rows:
         flop = 2.0 * row["m"] * row["n"] * row["k"]
         g_mdl = stats(flop / t / 1e9 for t in row["minidl_s"])
         g_np = stats(flop / t / 1e9 for t in row["numpy_s"])
-        ratio = stats(tn / tm for tm, tn in zip(row["minidl_s"], row["numpy_s"]))
-        pct = (100 * g_mdl["median"] / peak_gflops
-               if peak_gflops and g_mdl["median"] is not None else None)
+        g_torch = stats(flop / t / 1e9 for t in row.get("torch_s", []))
         out.append({**{key: row[key] for key in ("m", "n", "k", "kind", "label", "trans_a",
                                                   "trans_b") if key in row},
-                    "minidl_gflops": g_mdl, "numpy_gflops": g_np,
-                    "minidl_pct_peak": pct, "vs_numpy": ratio})
+                    "minidl_gflops": g_mdl, "numpy_gflops": g_np, "torch_gflops": g_torch,
+                    "minidl_pct_peak": pct(g_mdl), "torch_pct_peak": pct(g_torch),
+                    "vs_numpy": stats(tn / tm for tm, tn in zip(row["minidl_s"], row["numpy_s"])),
+                    "vs_torch": stats(tt / tm for tm, tt in zip(row["minidl_s"],
+                                                                 row.get("torch_s", [])))})
     return out
 
 
@@ -261,13 +269,17 @@ def render_markdown(data: dict) -> str:
                      f"{threads} / 1 thread: {_spread(s['ratios']['threads_speedup'], 2)} |")
     peak = data.get("fma_peak", {}).get("peak_gflops")
     lines += ["", f"| SGEMM, {threads} threads, m x n x k | minidl GFLOP/s | % of peak "
-              f"({_num(peak)} GFLOP/s measured) | NumPy GFLOP/s | minidl / NumPy |",
-              "|---|---|---|---|---|"]
+              f"({_num(peak)} GFLOP/s measured) | NumPy GFLOP/s | minidl / NumPy | "
+              "PyTorch GFLOP/s | PyTorch % of peak | minidl / PyTorch |",
+              "|---|---|---|---|---|---|---|---|"]
     for row in data["gemm"]["summary"]:
-        pct = "-" if row["minidl_pct_peak"] is None else f"{row['minidl_pct_peak']:.0f}%"
+        pcts = ["-" if row.get(key) is None else f"{row[key]:.0f}%"
+                for key in ("minidl_pct_peak", "torch_pct_peak")]
         lines.append(f"| {gemm_name(row, ' x ')} | "
-                     f"{_spread(row['minidl_gflops'])} | {pct} | {_spread(row['numpy_gflops'])} | "
-                     f"{_spread(row['vs_numpy'], 2)} |")
+                     f"{_spread(row['minidl_gflops'])} | {pcts[0]} | "
+                     f"{_spread(row['numpy_gflops'])} | {_spread(row['vs_numpy'], 2)} | "
+                     f"{_spread(row.get('torch_gflops'))} | {pcts[1]} | "
+                     f"{_spread(row.get('vs_torch'), 2)} |")
     lines += ["", "| goal | subject | measured | target | verdict |", "|---|---|---|---|---|"]
     for v in data["verdicts"]:
         target = f"{v['target']:.0f}%" if v["unit"] == "%" else f"{v['target']:.2f}x"
@@ -324,31 +336,101 @@ def measure_fma_peak(threads: int) -> dict:
     return {"copies": measured[1], "peak_gflops": measured[0]}
 
 
-def run_gemm(shapes, threads, rounds, min_time, settle, simd, progress=print) -> list:
-    """SGEMM samples (seconds per call) of minidl and NumPy, alternating, in this process."""
+class TorchGemm:
+    """bench/torch_gemm.py under the torch interpreter, kept for the whole SGEMM stage and
+    asked for one sample at a time."""
+
+    def __init__(self, python, threads):
+        cmd = ["env", f"OMP_NUM_THREADS={threads}", f"MKL_NUM_THREADS={threads}", python,
+               os.path.join(HERE, "torch_gemm.py"), "--threads", str(threads)]
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
+        except OSError as e:
+            raise RunFailed(f"sgemm: cannot run {shlex.join(cmd)}: {e}") from None
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        try:
+            out = json.loads(line)
+        except ValueError:
+            raise RunFailed(f"sgemm: bench/torch_gemm.py ended (exit status "
+                            f"{self.proc.poll()}) or wrote {line[:200]!r}") from None
+        if "failed" in out:
+            raise RunFailed(f"sgemm: bench/torch_gemm.py: {out['failed']}")
+        return out
+
+    def seconds(self, row, min_time, settle, seed) -> float:
+        request = {key: row[key] for key in ("m", "n", "k", "trans_a", "trans_b")}
+        request.update(min_time=min_time, settle=settle, seed=seed)
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise RunFailed(f"sgemm: bench/torch_gemm.py: {e}") from None
+        out = self._read()
+        if not out["error"] < 1e-4:
+            raise RunFailed(f"sgemm: PyTorch's {gemm_name(row)} is {out['error']:.3g} from "
+                            "the float64 product")
+        return out["seconds"]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def run_gemm(shapes, threads, rounds, min_time, settle, simd, torch_python=None,
+             progress=print) -> list:
+    """SGEMM samples (seconds per call) of minidl, NumPy and, with torch_python,
+    PyTorch, alternating: the first two in this process, PyTorch in a child."""
     import bench_gemm
     os.environ["MINIDL_SIMD"] = simd
     np, minidl, _C = bench_gemm.load_libraries(threads)
     if minidl.get_simd() != simd:
         raise RunFailed(f"sgemm: minidl runs {minidl.get_simd()}, not {simd}")
-    rng = np.random.default_rng(0)
-    rows = [{**shape, "minidl_s": [], "numpy_s": [], "layout": []} for shape in shapes]
-    for rnd in range(rounds):
-        for row in rows:
-            case = bench_gemm.make_case(np, _C, row["m"], row["n"], row["k"], rng,
-                                        row["trans_a"], row["trans_b"])
-            row["minidl_s"].append(bench_gemm.timed(case.run_minidl, min_time, settle))
-            row["numpy_s"].append(bench_gemm.timed(case.run_numpy, min_time, settle))
-            row["layout"].append(case.layout)
-            del case  # its operands go before the next shape's
-        progress(f"  sgemm round {rnd + 1} of {rounds} done")
-    for row in rows:
-        flop = 2.0 * row["m"] * row["n"] * row["k"]
-        progress(f"  sgemm {gemm_name(row):<44} minidl "
-                 f"{flop / statistics.median(row['minidl_s']) / 1e9:7.1f}  NumPy "
-                 f"{flop / statistics.median(row['numpy_s']) / 1e9:7.1f} GFLOP/s (medians)")
     info = {"numpy": np.__version__, "numpy_blas": bench_gemm.numpy_blas(np),
             "minidl_version": minidl.__version__, "minidl_simd": minidl.get_simd()}
+    torch = None
+    if torch_python:
+        try:
+            torch = TorchGemm(torch_python, threads)
+            info.update(torch_version=torch.info["torch_version"], torch_blas=torch.info["blas"])
+        except RunFailed as e:
+            progress(f"  {e}: no PyTorch column")
+    rng = np.random.default_rng(0)
+    rows = [{**shape, "minidl_s": [], "numpy_s": [], "torch_s": [], "layout": []}
+            for shape in shapes]
+    try:
+        for rnd in range(rounds):
+            for i, row in enumerate(rows):
+                case = bench_gemm.make_case(np, _C, row["m"], row["n"], row["k"], rng,
+                                            row["trans_a"], row["trans_b"])
+                row["minidl_s"].append(bench_gemm.timed(case.run_minidl, min_time, settle))
+                row["numpy_s"].append(bench_gemm.timed(case.run_numpy, min_time, settle))
+                row["layout"].append(case.layout)
+                del case  # its operands go before the next shape's
+                if torch is not None:
+                    try:
+                        row["torch_s"].append(torch.seconds(row, min_time, settle,
+                                                            seed=rnd * len(rows) + i))
+                    except RunFailed as e:
+                        progress(f"  {e}: no more PyTorch samples")
+                        torch.close()
+                        torch = None
+            progress(f"  sgemm round {rnd + 1} of {rounds} done")
+    finally:
+        if torch is not None:
+            torch.close()
+    for row in rows:
+        flop = 2.0 * row["m"] * row["n"] * row["k"]
+        medians = "  ".join(f"{name} {flop / statistics.median(row[key]) / 1e9:7.1f}"
+                            for name, key in (("minidl", "minidl_s"), ("NumPy", "numpy_s"),
+                                              ("PyTorch", "torch_s")) if row[key])
+        progress(f"  sgemm {gemm_name(row):<44} {medians} GFLOP/s (medians)")
     return rows, info
 
 
@@ -503,7 +585,7 @@ def main(argv=None) -> int:
         try:
             gemm_rows, gemm_info = run_gemm(shapes, args.threads, args.gemm_rounds,
                                             args.gemm_min_time, args.gemm_settle, args.simd,
-                                            progress)
+                                            args.torch_python, progress)
             info.update(gemm_info)
         except RunFailed as e:
             progress(f"  sgemm: FAILED: {e}")

@@ -58,7 +58,8 @@ def test_summarise_net():
 
 def test_summarise_gemm_and_verdicts():
     rows = [{"m": 1000, "n": 1000, "k": 1000, "kind": "square",
-             "minidl_s": [0.02, 0.025, 0.01], "numpy_s": [0.025, 0.02, 0.02]},
+             "minidl_s": [0.02, 0.025, 0.01], "numpy_s": [0.025, 0.02, 0.02],
+             "torch_s": [0.01, 0.05]},  # PyTorch stopped after two rounds
             {"m": 10, "n": 100, "k": 5, "kind": "conv", "minidl_s": [1e-5], "numpy_s": [5e-6]},
             {"m": 16, "n": 27, "k": 4800, "kind": "conv", "label": "resnet20 conv1 bwd-w",
              "trans_a": False, "trans_b": True, "minidl_s": [4e-5], "numpy_s": [4e-5]}]
@@ -68,6 +69,11 @@ def test_summarise_gemm_and_verdicts():
     assert g[0]["minidl_gflops"]["median"] == pytest.approx(100.0)   # 2e9 flop / 0.02 s
     assert g[0]["minidl_pct_peak"] == pytest.approx(50.0)
     assert g[0]["vs_numpy"]["samples"] == pytest.approx([1.25, 0.8, 2.0])
+    # PyTorch's samples pair with minidl's of the same rounds
+    assert g[0]["vs_torch"]["samples"] == pytest.approx([0.5, 2.0])
+    assert g[0]["torch_gflops"]["median"] == pytest.approx(120.0)   # 200 and 40 GFLOP/s
+    assert g[0]["torch_pct_peak"] == pytest.approx(60.0)
+    assert g[1]["torch_gflops"]["median"] is None and g[1]["torch_pct_peak"] is None
     assert bench_cpu.summarise_gemm(rows, None)[0]["minidl_pct_peak"] is None
 
     nets = {"net": {"batch_size": 8, "summary": bench_cpu.summarise_net(_fake_runs())}}
@@ -93,7 +99,8 @@ def _fake_results():
     nets = {"cifar10_quick": {"batch_size": 100, "runs": _fake_runs()}}
     nets["cifar10_quick"]["summary"] = bench_cpu.summarise_net(nets["cifar10_quick"]["runs"])
     rows = [{"m": 512, "n": 512, "k": 512, "kind": "square", "minidl_s": [0.002, 0.003],
-             "numpy_s": [0.003, 0.003]}]
+             "numpy_s": [0.003, 0.003], "torch_s": [0.004, 0.003]},
+            {"m": 64, "n": 64, "k": 64, "kind": "square", "minidl_s": [1e-5], "numpy_s": [1e-5]}]
     gemm = bench_cpu.summarise_gemm(rows, 100.0)
     return {"benchmark": "cpu",
             "machine": {"cpu": "Test CPU", "date": "2026-01-02T03:04:05", "git_commit": "abcdef123",
@@ -114,13 +121,17 @@ def test_markdown_tables():
     assert "| cifar10_quick, 100 | peak RSS MB | 92 | 375 | 355 | |" in md
     assert "2 / 1 thread: 1.80 [1.60, 2.00] |" in md
     # 2 x 512^3 flop in 2 and 3 ms: 134 and 89 GFLOP/s, median 112, 112% of the 100 measured
-    assert "| 512 x 512 x 512 (square) | 112 [89, 134] | 112% | 89 [89, 89] | 1.25 [1.00, 1.50] |" \
-        in md
+    # PyTorch in 4 and 3 ms: 67 and 89 GFLOP/s; minidl / PyTorch 2.0 and 1.0
+    assert "| 512 x 512 x 512 (square) | 112 [89, 134] | 112% | 89 [89, 89] | 1.25 [1.00, 1.50] " \
+           "| 78 [67, 89] | 78% | 1.50 [1.00, 2.00] |" in md
+    # a result without PyTorch's column (older files, or no --torch-python)
+    assert "| 64 x 64 x 64 (square) | 52 [52, 52] | 52% | 52 [52, 52] | 1.00 [1.00, 1.00] " \
+           "| - | - | - |" in md
     assert "| training images/s, minidl / PyTorch's faster layout | cifar10_quick, batch 100 | " \
            "1.38x | >= 1.50x | **fail** |" in md
     assert "| SGEMM, % of the measured FMA peak | sgemm 512x512x512 (square), 2 threads | 112% | " \
            ">= 85% | pass |" in md
-    assert md.endswith("4 of 6 goals met.")
+    assert md.endswith("5 of 8 goals met.")
     assert "**" not in bench_cpu.format_text(_fake_results())
 
 
@@ -138,6 +149,32 @@ def test_child_commands_name_simd_and_threads():
     assert cmd[cmd.index("--threads") + 1] == "1" and "--json" in cmd
     cmd = bench_cpu.torch_command("tpy", "resnet20", 128, 10, 3, 2, channels_last=True)
     assert "OMP_NUM_THREADS=2" in cmd and cmd[-1] == "--channels-last"
+
+
+def test_torch_gemm_child_that_ends_is_an_error():
+    # an interpreter that exits at once: no first line, a clear error, no hang
+    with pytest.raises(bench_cpu.RunFailed, match="torch_gemm.py ended"):
+        bench_cpu.TorchGemm("false", threads=1)
+
+
+@pytest.mark.external
+def test_torch_gemm_child_times_checks_and_reports_errors():
+    from bench_train import default_torch_python
+    python = default_torch_python()
+    if python is None:
+        pytest.skip("no interpreter with torch (set TORCH_PYTHON)")
+    child = bench_cpu.TorchGemm(python, threads=1)
+    try:
+        assert child.info["torch_version"] and child.info["blas"]
+        row = {"m": 5, "n": 40, "k": 7, "trans_a": True, "trans_b": True}
+        assert 0 < child.seconds(row, min_time=0.001, settle=0, seed=1) < 0.01
+        with pytest.raises(bench_cpu.RunFailed, match="torch_gemm.py: RuntimeError"):
+            child.seconds({**row, "m": -1}, min_time=0.001, settle=0, seed=1)
+        # the child goes on after a failed request
+        assert child.seconds(row, min_time=0.001, settle=0, seed=2) > 0
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
 
 
 def test_gemm_case_records_the_operands_layout():
