@@ -110,11 +110,23 @@ static size_t sgemm_workspace_floats(int64_t m, int64_t n, int64_t k)
     return f;
 }
 
+/* Of the dot products' shapes, those that the blocked driver computes swapped, as (B @
+ * A^T)^T (swap_shape), when B^T has at least four times A's rows and does not fit in
+ * half of L2 (at least 256K floats): the rows split then loads each element of B once,
+ * a broadcast from memory, where the dot products' 4 x 4 tiles load B's rows m / 4
+ * times from L2 (2 threads, Intel Xeon, against the dot products: 32 x 288 x 6400
+ * 1.6-1.8x, 32 x 150 x 6400 1.27x, 28 x 288 x 1024 1.15x; 32 x 100 x 6400 1.18x but 32 x
+ * 100 x 16384 0.85x, 32 x 75 x 12288 0.84x, 28 x 288 x 512 0.79x, bench/NOTES.md). */
+static int dot_swapped(int64_t m, int64_t n, int64_t k)
+{
+    return n >= 4 * m && n * k >= 256 * 1024 && swap_shape(m, n, k);
+}
+
 static void sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                   float *c, int64_t ldc, float *ws)
 {
-    if (!trans_a && trans_b && dot_shape(m, n, k))
+    if (!trans_a && trans_b && dot_shape(m, n, k) && !dot_swapped(m, n, k))
         dot_sgemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
     else
         blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);

@@ -26,7 +26,8 @@ chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256
 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2, the chunks' partial sums added
 in chunk order; and other such products with fewer rows than columns, K >= 256 and the
 rows padded to a micro-panel of B^T by at most an eighth of one, as (B @ A^T)^T, B read
-in place by the rows split.  With K <= 32, N >= 512 and C's rows starting inside a
+in place by the rows split (also those of the dot products' shapes where n >= 4 m and
+n k >= 256K).  With K <= 32, N >= 512 and C's rows starting inside a
 line, all alike, the columns up to the first line boundary are a product of their own.
 The shapes below cross each of these boundaries.
 """
@@ -182,13 +183,15 @@ def test_sgemm_alpha_beta_in_place(simd, threads, rng, m, n, k, trans_a, trans_b
     assert_close(out, ref.sgemm(a, b, trans_a, trans_b, alpha, beta, c), "gemm")
 
 
-@pytest.mark.parametrize("m,n,k", [(32, 300, 256), (30, 400, 300), (64, 70, 500), (32, 300, 255),
-                                   (20, 300, 256)])
+@pytest.mark.parametrize("m,n,k", [(32, 300, 256), (30, 400, 300), (64, 70, 500), (32, 128, 2048),
+                                   (32, 300, 255), (20, 300, 256), (32, 127, 2100),
+                                   (32, 128, 2040)])
 def test_sgemm_a_b_transposed_computed_swapped(simd, threads, rng, m, n, k):
     """C = A @ B^T with fewer rows than columns, K >= 256 and A's rows padded to a
-    micro-panel by at most an eighth of one is computed as (B @ A^T)^T (the first three
-    shapes; not the last two, at the boundaries): alpha, beta, C a view with ldc > n, and
-    a C of NaN with beta 0."""
+    micro-panel by at most an eighth of one is computed as (B @ A^T)^T (the first four
+    shapes, the fourth one of the dot products' too, n = 4 m and n k = 256K; not the
+    last four, at the boundaries: the last two take the dot products): alpha, beta, C a
+    view with ldc > n, and a C of NaN with beta 0."""
     a, b = f32(rng, m, k), f32(rng, n, k)
     wide = f32(rng, m, n + 5)
     c = wide[:, :n].copy()
