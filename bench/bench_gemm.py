@@ -25,7 +25,7 @@ A transposed for the data gradient; M = c_out, N = K, K = B x P, B transposed
 for the weight gradient); and the shapes of the earlier runs.
 
 The functions (set_threads, load_libraries, make_case, timed) are also
-used by bench/bench_cpu.py.
+used by bench/bench_cpu.py, timed by bench/torch_gemm.py.
 """
 import argparse
 import collections

@@ -115,8 +115,9 @@ static size_t sgemm_workspace_floats(int64_t m, int64_t n, int64_t k)
  * half of L2 (at least 256K floats): the rows split then loads each element of B once,
  * a broadcast from memory, where the dot products' 4 x 4 tiles load B's rows m / 4
  * times from L2 (2 threads, Intel Xeon, against the dot products: 32 x 288 x 6400
- * 1.6-1.8x, 32 x 150 x 6400 1.27x, 28 x 288 x 1024 1.15x; 32 x 100 x 6400 1.18x but 32 x
- * 100 x 16384 0.85x, 32 x 75 x 12288 0.84x, 28 x 288 x 512 0.79x, bench/NOTES.md). */
+ * 1.6-1.8x, 32 x 150 x 6400 1.27x, 28 x 288 x 1024 1.15x; outside these bounds 32 x 100
+ * x 6400 1.18x but 32 x 100 x 16384 0.85x, 32 x 75 x 12288 0.84x, 28 x 288 x 512 0.79x,
+ * bench/NOTES.md). */
 static int dot_swapped(int64_t m, int64_t n, int64_t k)
 {
     return n >= 4 * m && n * k >= 256 * 1024 && swap_shape(m, n, k);
