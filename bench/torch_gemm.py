@@ -46,8 +46,8 @@ def answer(req: dict) -> dict:
     gen = torch.Generator().manual_seed(int(req.get("seed", 0)))
     a = placed((k, m) if ta else (m, k), gen)
     b = placed((n, k) if tb else (k, n), gen)
-    a.copy_(torch.randn(a.shape, generator=gen))
-    b.copy_(torch.randn(b.shape, generator=gen))
+    a.normal_(generator=gen)
+    b.normal_(generator=gen)
     c = placed((m, n), gen)
     at, bt = (a.t() if ta else a), (b.t() if tb else b)
 
