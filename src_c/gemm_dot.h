@@ -26,14 +26,26 @@
 #define DOT_L2_FLOATS (192 * 1024) /* a chunk's rows of A and B^T: 768 KiB */
 #define DOT_KC_MAX 4096
 
+/* Of the shapes below, those that the blocked driver computes faster swapped, as (B @
+ * A^T)^T (swap_shape): B^T with at least four times A's rows and beyond half of L2 (at
+ * least 256K floats).  The rows split then loads each element of B once, a broadcast
+ * from memory, where the dot products' 4 x 4 tiles load B's rows m / 4 times from L2
+ * (2 threads, Intel Xeon, against the dot products: 32 x 288 x 6400 1.6-1.8x, 32 x 150
+ * x 6400 1.27x, 28 x 288 x 1024 1.15x; outside these bounds 32 x 100 x 6400 1.18x but
+ * 32 x 100 x 16384 0.85x, 32 x 75 x 12288 0.84x, 28 x 288 x 512 0.79x, bench/NOTES.md). */
+static int dot_swapped(int64_t m, int64_t n, int64_t k)
+{
+    return n >= 4 * m && n * k >= 256 * 1024 && swap_shape(m, n, k);
+}
+
 /* Where the dot products beat packing (2 threads, against the blocked drivers, AVX-512):
  * C with at most 32 (m + n) elements (16 x 144 x 2000: 1.5x, 64 x 64 x 2000: 1.1x, 128 x
  * 128 x 1000: 1.0x), m + n at most 320 so that a chunk of K is long against the sums at
- * its end (32 x 800 x 2304: 0.87x), K at least 256.  On AVX2: 1.8-2.6x in that range
- * but 32 x 288 x 6400 (0.97x), bench/NOTES.md. */
+ * its end (32 x 800 x 2304: 0.87x), K at least 256, but not those above.  On AVX2:
+ * 1.8-2.6x in that range, bench/NOTES.md. */
 static int dot_shape(int64_t m, int64_t n, int64_t k)
 {
-    return m + n <= 320 && m * n <= 32 * (m + n) && k >= 256;
+    return m + n <= 320 && m * n <= 32 * (m + n) && k >= 256 && !dot_swapped(m, n, k);
 }
 
 /* K chunk length: a multiple of 64 floats, 256 to DOT_KC_MAX */
@@ -110,24 +122,11 @@ static size_t sgemm_workspace_floats(int64_t m, int64_t n, int64_t k)
     return f;
 }
 
-/* Of the dot products' shapes, those that the blocked driver computes swapped, as (B @
- * A^T)^T (swap_shape), when B^T has at least four times A's rows and does not fit in
- * half of L2 (at least 256K floats): the rows split then loads each element of B once,
- * a broadcast from memory, where the dot products' 4 x 4 tiles load B's rows m / 4
- * times from L2 (2 threads, Intel Xeon, against the dot products: 32 x 288 x 6400
- * 1.6-1.8x, 32 x 150 x 6400 1.27x, 28 x 288 x 1024 1.15x; outside these bounds 32 x 100
- * x 6400 1.18x but 32 x 100 x 16384 0.85x, 32 x 75 x 12288 0.84x, 28 x 288 x 512 0.79x,
- * bench/NOTES.md). */
-static int dot_swapped(int64_t m, int64_t n, int64_t k)
-{
-    return n >= 4 * m && n * k >= 256 * 1024 && swap_shape(m, n, k);
-}
-
 static void sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                   float *c, int64_t ldc, float *ws)
 {
-    if (!trans_a && trans_b && dot_shape(m, n, k) && !dot_swapped(m, n, k))
+    if (!trans_a && trans_b && dot_shape(m, n, k))
         dot_sgemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);
     else
         blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws);

@@ -157,8 +157,44 @@ def test_torch_gemm_child_that_ends_is_an_error():
         bench_cpu.TorchGemm("false", threads=1)
 
 
+_STAND_IN = """import json, sys
+print(json.dumps({"torch_version": "0.0", "blas": "none"}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["m"] < 0:
+        out = {"failed": "ValueError: m < 0"}
+    else:
+        out = {"seconds": req["m"] * 1e-6, "error": 0.5 if req["m"] == 7 else 1e-7}
+    print(json.dumps(out), flush=True)
+"""
+
+
+def test_torch_gemm_client_against_a_stand_in(tmp_path):
+    """TorchGemm's side of the protocol, against a child that answers as
+    bench/torch_gemm.py does (given as the interpreter, it ignores the script's path)."""
+    child = tmp_path / "stand_in"
+    child.write_text(f"#!{sys.executable}\n" + _STAND_IN)
+    child.chmod(0o755)
+    torch = bench_cpu.TorchGemm(str(child), threads=1)
+    try:
+        assert torch.info == {"torch_version": "0.0", "blas": "none"}
+        row = {"m": 5, "n": 40, "k": 7, "trans_a": False, "trans_b": True, "kind": "conv",
+               "label": "a layer"}  # a row of run_gemm
+        assert torch.seconds(row, min_time=0.01, settle=0, seed=1) == pytest.approx(5e-6)
+        with pytest.raises(bench_cpu.RunFailed, match="torch_gemm.py: ValueError: m < 0"):
+            torch.seconds({**row, "m": -1}, min_time=0.01, settle=0, seed=1)
+        # a product too far from float64 is an error, not a sample
+        with pytest.raises(bench_cpu.RunFailed, match=r"7x40x7 NT \(a layer\) is 0.5 from the float64 product"):
+            torch.seconds({**row, "m": 7}, min_time=0.01, settle=0, seed=1)
+        assert torch.seconds(row, min_time=0.01, settle=0, seed=2) == pytest.approx(5e-6)
+    finally:
+        torch.close()
+    assert torch.proc.returncode == 0
+
+
 @pytest.mark.external
 def test_torch_gemm_child_times_checks_and_reports_errors():
+    """The real bench/torch_gemm.py where an interpreter with torch is at hand."""
     from bench_train import default_torch_python
     python = default_torch_python()
     if python is None:
