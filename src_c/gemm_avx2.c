@@ -317,7 +317,10 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-/* part[r * n + q] = sum over p < kc of a[r * lda + p] * b[q * ldb + p], r < RM, q < RN */
+/* part[r * n + q] = sum over p < kc of a[r * lda + p] * b[q * ldb + p], r < RM, q < RN.
+ * Lane j of each accumulator sums the products at p = j (mod 8) in order of p; the loads
+ * start where b's first row reaches a 32-byte boundary and the lanes are rotated back at
+ * the end, as in gemm_avx512.c's tile: the same sums wherever the rows lie. */
 static inline __attribute__((always_inline)) void
 dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, const float *b,
          int64_t ldb, float *part, int64_t n)
@@ -332,15 +335,29 @@ dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, co
         for (int r = 0; r < RM; r++)                                                   \
             for (int q = 0; q < RN; q++) acc[r][q] = _mm256_fmadd_ps(va[r], vb[q], acc[r][q]); \
     } while (0)
-    int64_t p = 0;
-    for (; p + 8 <= kc; p += 8) DOT_STEP(_mm256_loadu_ps);
-    if (p < kc) { /* the last kc % 8: lanes past it are 0 in both */
-        const __m256i mk = mdl_lane_mask(0, kc - p);
 #define DOT_MASKED(q) _mm256_maskload_ps(q, mk)
+    const int s = (int)((0 - (uintptr_t)b) % 32 / sizeof(float));
+    int64_t p = 0;
+    if (s) { /* p < s in lanes 8 - s + p; lanes before the row are 0 in both */
+        const __m256i mk = mdl_lane_mask(8 - s, 8 - s + kc);
+        p = s - 8;
         DOT_STEP(DOT_MASKED);
-#undef DOT_MASKED
+        p = s;
     }
+    for (; p + 8 <= kc; p += 8) DOT_STEP(_mm256_loadu_ps);
+    if (p < kc) { /* the last products: lanes past kc are 0 in both */
+        const __m256i mk = mdl_lane_mask(0, kc - p);
+        DOT_STEP(DOT_MASKED);
+    }
+#undef DOT_MASKED
 #undef DOT_STEP
+    if (s) { /* lane j back to p = j (mod 8) */
+        const __m256i back = _mm256_and_si256(
+            _mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s)),
+            _mm256_set1_epi32(7));
+        for (int r = 0; r < RM; r++)
+            for (int q = 0; q < RN; q++) acc[r][q] = _mm256_permutevar8x32_ps(acc[r][q], back);
+    }
     for (int r = 0; r < RM; r++)
         for (int q = 0; q < RN; q++) part[r * n + q] = hsum8(acc[r][q]);
 }

@@ -422,7 +422,12 @@ static inline __attribute__((always_inline)) __m512 sum16(__m512 v[DOT_R][DOT_R]
                          _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* part[r * n + q] = sum over p < kc of a[r * lda + p] * b[q * ldb + p], r < RM, q < RN */
+/* part[r * n + q] = sum over p < kc of a[r * lda + p] * b[q * ldb + p], r < RM, q < RN.
+ * Lane j of each accumulator sums the products at p = j (mod 16) in order of p.  The
+ * loads start where b's first row reaches a 64-byte line, s floats in: the first s
+ * products go masked into the top s lanes, lane j then holds p = s + j (mod 16) to the
+ * end and is rotated back, so the sums are the same to the bit wherever the rows lie,
+ * while a row that spans lines no longer costs two of L1's reads a load. */
 static inline __attribute__((always_inline)) void
 dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, const float *b,
          int64_t ldb, float *part, int64_t n)
@@ -437,15 +442,30 @@ dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, co
         for (int r = 0; r < RM; r++)                                                   \
             for (int q = 0; q < RN; q++) acc[r][q] = _mm512_fmadd_ps(va[r], vb[q], acc[r][q]); \
     } while (0)
-    int64_t p = 0;
-    for (; p + 16 <= kc; p += 16) DOT_STEP(_mm512_loadu_ps);
-    if (p < kc) { /* the last kc % 16: lanes past it are 0 in both */
-        const __mmask16 mk = lanes(kc - p);
 #define DOT_MASKED(q) _mm512_maskz_loadu_ps(mk, q)
+    const int s = (int)((0 - (uintptr_t)b) % 64 / sizeof(float));
+    int64_t p = 0;
+    if (s) { /* p < s in lanes 16 - s + p; lanes before the row are 0 in both */
+        const __mmask16 mk = (__mmask16)(lanes(16) << (16 - s)) & lanes(16 - s + kc);
+        p = s - 16;
         DOT_STEP(DOT_MASKED);
-#undef DOT_MASKED
+        p = s;
     }
+    for (; p + 16 <= kc; p += 16) DOT_STEP(_mm512_loadu_ps);
+    if (p < kc) { /* the last products: lanes past kc are 0 in both */
+        const __mmask16 mk = lanes(kc - p);
+        DOT_STEP(DOT_MASKED);
+    }
+#undef DOT_MASKED
 #undef DOT_STEP
+    if (s) { /* lane j back to p = j (mod 16) */
+        const __m512i back = _mm512_and_si512(
+            _mm512_sub_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                             _mm512_set1_epi32(s)),
+            _mm512_set1_epi32(15));
+        for (int r = 0; r < RM; r++)
+            for (int q = 0; q < RN; q++) acc[r][q] = _mm512_permutexvar_ps(back, acc[r][q]);
+    }
     float sums[16];
     _mm512_storeu_ps(sums, sum16(acc));
     for (int r = 0; r < RM; r++)

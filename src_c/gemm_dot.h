@@ -19,7 +19,8 @@
  * rows is one work item, a tile of DOT_R x DOT_R dot products keeps a vector of lanes
  * of each and adds them up at the chunk's end into the workspace; then the chunks'
  * partial sums are added in chunk order into C.  Every element is summed in the same
- * order whatever the thread count. */
+ * order whatever the thread count and wherever the operands lie (the tiles align their
+ * loads to B^T's rows and rotate their lanes back). */
 #ifndef MDL_GEMM_DOT_H
 #define MDL_GEMM_DOT_H
 
