@@ -86,6 +86,25 @@ static void dot_rows(int64_t rm, int64_t n, int64_t kc, const float *a, int64_t 
 #undef DOT_CASE
 }
 
+/* A work item's rows of A copied to lie as its rows of B^T do (into buf, DOT_A_LD floats
+ * apart), when B^T's rows lie alike (ldb a multiple of 16) and A's do not lie as they
+ * do: the tiles align their loads to B^T's rows, and A's then load whole lines too
+ * (the same values, so the same sums).  Returns the rows to read, at *ld apart. */
+#define DOT_A_LD (DOT_KC_MAX + 16)
+
+static const float *dot_a_rows(const float *a, int64_t lda, int64_t rm, int64_t kc,
+                               const float *b, int64_t ldb, float *buf, int64_t *ld)
+{
+    const uintptr_t phase = (uintptr_t)b / sizeof(float) % 16;
+    *ld = lda;
+    if (ldb % 16 || ((uintptr_t)a / sizeof(float) % 16 == phase && (lda % 16 == 0 || rm == 1)))
+        return a;
+    float *dst = buf + phase;
+    for (int64_t r = 0; r < rm; r++) memcpy(dst + r * DOT_A_LD, a + r * lda, (size_t)kc * sizeof(float));
+    *ld = DOT_A_LD;
+    return dst;
+}
+
 static void dot_sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, float *ws)
 {
@@ -95,11 +114,14 @@ static void dot_sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float 
 
 #pragma omp parallel num_threads(nt)
     {
+        float abuf[DOT_R * DOT_A_LD] __attribute__((aligned(64)));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < nch * rb; item++) {
             const int64_t ch = item / rb, i0 = item % rb * DOT_R, p0 = ch * kc;
-            dot_rows(min64(m - i0, DOT_R), n, min64(k - p0, kc), a + i0 * lda + p0, lda,
-                     b + p0, ldb, ws + ch * m * n + i0 * n);
+            const int64_t rm = min64(m - i0, DOT_R), kb = min64(k - p0, kc);
+            int64_t ld;
+            const float *ai = dot_a_rows(a + i0 * lda + p0, lda, rm, kb, b + p0, ldb, abuf, &ld);
+            dot_rows(rm, n, kb, ai, ld, b + p0, ldb, ws + ch * m * n + i0 * n);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++)

@@ -24,7 +24,8 @@ op(A) not transposed and op(B) transposed (rows of both along K), C of m + n <= 
 and at most 32 (m + n) elements and K >= 256, dot products over K (both levels) in
 chunks of up to 4096 (from 192K floats / (m + n), a multiple of 64, at least 256), 4
 x 4 of them to a tile on AVX-512 and 3 x 3 on AVX2 (its loads from where its first row
-of B^T reaches a 64-byte, on AVX2 a 32-byte, boundary), the chunks' partial sums added
+of B^T reaches a 64-byte, on AVX2 a 32-byte, boundary; a work item's rows of A copied
+to lie as B^T's when they lie otherwise and ldb % 16 = 0), the chunks' partial sums added
 in chunk order; and other such products with fewer rows than columns, K >= 256 and the
 rows padded to a micro-panel of B^T by at most an eighth of one, as (B @ A^T)^T, B read
 in place by the rows split (also those of the dot products' shapes where n >= 4 m and
@@ -151,12 +152,14 @@ def test_sgemm_short_k_c_inside_a_line(simd, threads, rng, m, n, k, trans_a, tra
                  f"sgemm {m}x{n}x{k} C {offset} floats into a line")
 
 
-@pytest.mark.parametrize("m,n,k", [(16, 27, 4100), (7, 33, 9000), (5, 20, 600), (64, 64, 2048)])
+@pytest.mark.parametrize("m,n,k", [(16, 27, 4100), (7, 33, 9000), (5, 20, 608), (64, 64, 2048)])
 def test_sgemm_dot_products_wherever_the_rows_lie(simd, threads, rng, m, n, k):
     """The dot products' loads start where a row of B^T reaches a line and rotate their
-    lanes back: the same bits for A and B^T at any offset into a line (rows all alike
-    for K % 16 = 0, each its own for 4100 and 9000; 4100's last chunk of 4 floats is
-    shorter than most offsets), and the reference's values."""
+    lanes back, and A's rows are copied to lie as B^T's do where they lie otherwise: the
+    same bits for A and B^T at any offset into a line, and the reference's values.  Rows
+    all alike for K % 16 = 0 (A copied unless both lie at one offset; 608: tiles of 1
+    and 2 rows), each its own for 4100 and 9000 (no copy); 4100's last chunk of 4 floats
+    is shorter than most offsets."""
     a, bt = f32(rng, m, k), f32(rng, n, k)
     want = ops.sgemm(placed(a, 0), placed(bt, 0), trans_b=True)
     assert_close(want, ref.sgemm(a, bt, False, True), "gemm", f"sgemm {m}x{n}x{k} NT")
