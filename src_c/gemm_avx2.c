@@ -352,9 +352,9 @@ dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, co
 #undef DOT_MASKED
 #undef DOT_STEP
     if (s) { /* lane j back to p = j (mod 8) */
-        const __m256i back = _mm256_and_si256(
-            _mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s)),
-            _mm256_set1_epi32(7));
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i back = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(s)),
+                                              _mm256_set1_epi32(7));
         for (int r = 0; r < RM; r++)
             for (int q = 0; q < RN; q++) acc[r][q] = _mm256_permutevar8x32_ps(acc[r][q], back);
     }

@@ -459,10 +459,10 @@ dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, co
 #undef DOT_MASKED
 #undef DOT_STEP
     if (s) { /* lane j back to p = j (mod 16) */
-        const __m512i back = _mm512_and_si512(
-            _mm512_sub_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                             _mm512_set1_epi32(s)),
-            _mm512_set1_epi32(15));
+        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                               14, 15);
+        const __m512i back = _mm512_and_si512(_mm512_sub_epi32(lane, _mm512_set1_epi32(s)),
+                                              _mm512_set1_epi32(15));
         for (int r = 0; r < RM; r++)
             for (int q = 0; q < RN; q++) acc[r][q] = _mm512_permutexvar_ps(back, acc[r][q]);
     }

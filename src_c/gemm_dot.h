@@ -20,7 +20,8 @@
  * of each and adds them up at the chunk's end into the workspace; then the chunks'
  * partial sums are added in chunk order into C.  Every element is summed in the same
  * order whatever the thread count and wherever the operands lie (the tiles align their
- * loads to B^T's rows and rotate their lanes back). */
+ * loads to B^T's rows and rotate their lanes back; dot_a_rows copies a work item's rows
+ * of A where they lie otherwise). */
 #ifndef MDL_GEMM_DOT_H
 #define MDL_GEMM_DOT_H
 
@@ -100,7 +101,8 @@ static const float *dot_a_rows(const float *a, int64_t lda, int64_t rm, int64_t 
     if (ldb % 16 || ((uintptr_t)a / sizeof(float) % 16 == phase && (lda % 16 == 0 || rm == 1)))
         return a;
     float *dst = buf + phase;
-    for (int64_t r = 0; r < rm; r++) memcpy(dst + r * DOT_A_LD, a + r * lda, (size_t)kc * sizeof(float));
+    for (int64_t r = 0; r < rm; r++)
+        memcpy(dst + r * DOT_A_LD, a + r * lda, (size_t)kc * sizeof(float));
     *ld = DOT_A_LD;
     return dst;
 }
