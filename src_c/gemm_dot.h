@@ -16,7 +16,8 @@
  * operands every K block and compute a few tiles per pair of barriers; here every
  * element of C is a dot product read in place.  K is cut into chunks (from the shape
  * alone; both operands' rows of a chunk stay in L2), each chunk and block of DOT_R
- * rows is one work item, a tile of DOT_R x DOT_R dot products keeps a vector of lanes
+ * rows is one work item (handed out a chunk's items at a time when there are at least
+ * two chunks a thread), a tile of DOT_R x DOT_R dot products keeps a vector of lanes
  * of each and adds them up at the chunk's end into the workspace; then the chunks'
  * partial sums are added in chunk order into C.  Every element is summed in the same
  * order whatever the thread count and wherever the operands lie (the tiles align their
@@ -113,11 +114,14 @@ static void dot_sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float 
     const int64_t kc = dot_chunk(m, n), nch = ceil_div(k, kc), rb = ceil_div(m, DOT_R);
     int nt = mdl_threads_for((double)m * n * k);
     if (nt > nch * rb) nt = (int)(nch * rb);
+    /* with chunks enough for two a thread, whole chunks handed out: a chunk's rows of B^T
+     * then come from L3 into one thread's L2, not into each thread's */
+    const int64_t piece = nch >= 2 * nt ? rb : 1;
 
 #pragma omp parallel num_threads(nt)
     {
         float abuf[DOT_R * DOT_A_LD] __attribute__((aligned(64)));
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, piece)
         for (int64_t item = 0; item < nch * rb; item++) {
             const int64_t ch = item / rb, i0 = item % rb * DOT_R, p0 = ch * kc;
             const int64_t rm = min64(m - i0, DOT_R), kb = min64(k - p0, kc);
