@@ -426,8 +426,8 @@ static inline __attribute__((always_inline)) __m512 sum16(__m512 v[DOT_R][DOT_R]
  * Lane j of each accumulator sums the products at p = j (mod 16) in order of p.  The
  * loads start where b's first row reaches a 64-byte line, s floats in: the first s
  * products go masked into the top s lanes, lane j then holds p = s + j (mod 16) to the
- * end and is rotated back, so the sums are the same to the bit wherever the rows lie,
- * while a row that spans lines no longer costs two of L1's reads a load. */
+ * end and is rotated back, so the sums are the same to the bit wherever the rows lie
+ * while no load of b's rows spans two lines. */
 static inline __attribute__((always_inline)) void
 dot_tile(const int RM, const int RN, int64_t kc, const float *a, int64_t lda, const float *b,
          int64_t ldb, float *part, int64_t n)
