@@ -35,7 +35,8 @@
  *    *_workspace_size() function returns; a non-NULL workspace that is too
  *    small is an error (MDL_ERR_WORKSPACE).  Unlike the CPU library, a NULL
  *    workspace allocates nothing: the call takes a slower path that needs
- *    none (convolution's weight gradient without split-K).
+ *    none (convolution's weight gradient without split-K, its forward's channel
+ *    sums in a pass over y).
  *  - Gradients of inputs are overwritten; gradients of parameters are
  *    overwritten (accumulate 0) or added to (accumulate 1), as in minidl.h.
  *  - Sizes are int64_t.  The GEMM-based kernels (SGEMM, convolution, linear)
@@ -122,8 +123,9 @@ MDL_API mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n
 
 MDL_API mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s,
                                                int64_t *h_out, int64_t *w_out);
-/* Bytes of device workspace for the split-K partial sums of backward_weights
- * (0 when the shape needs no split; forward and backward_data need none). */
+/* Bytes of device workspace for the split-K partial sums of backward_weights and
+ * for the forward's channel sums, a pair of floats for each channel and tile of the
+ * output (the larger of the two; backward_data needs none). */
 MDL_API size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s);
 /* y = conv(x, w) + bias; bias (c_out) may be NULL. */
 MDL_API mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x,
@@ -131,7 +133,9 @@ MDL_API mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const floa
                                            void *workspace, size_t workspace_bytes,
                                            mdl_cuda_stream stream);
 /* The forward with bias, ReLU and float64 channel sums (see mdl_conv2d_forward_ex);
- * channel_sum and channel_sumsq are device pointers or NULL. */
+ * channel_sum and channel_sumsq are device pointers or NULL.  With a workspace the
+ * sums are taken in the kernel's epilogue, each output tile's while it is in
+ * registers, then added up in a fixed order; without one, in a pass over y. */
 MDL_API mdl_status mdl_cuda_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
                                               const float *w, const float *bias, int relu,
                                               double *channel_sum, double *channel_sumsq,

@@ -3,7 +3,9 @@
  * the im2col matrix is never stored, its elements are gathered as the tiles
  * load (zero in the padding).  Shapes: K = c_in*kh*kw, P = h_out*w_out.
  *   forward           y (c_out, n*P)     = w (c_out, K) @ col (K, n*P)          + bias,
- *                     ReLU in the store; channel sums (forward_ex) a block per channel
+ *                     ReLU in the store; channel sums (forward_ex): each tile's in the
+ *                     epilogue into the workspace, then a block per channel adds them up
+ *                     (without a workspace, a block per channel reads y)
  *   backward_data     dx (c_in, n*h*w)   = w^T gathered (c_in, c_out*kh*kw) @ dy gathered
  *                     (the transposed convolution as a gather: no scatter, no atomics; each
  *                     dx element is one GEMM output, stored once, so += is a read in the store)
@@ -128,16 +130,20 @@ struct taps {
 };
 
 /* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow);
- * FUSED: col gathers in(x).  A thread's column (pixel) is fixed, each slice's taps a table. */
-template <bool FUSED>
+ * FUSED: col gathers in(x).  A thread's column (pixel) is fixed, each slice's taps a table.
+ * STATS: each tile's sums of y and y^2 by channel, for tile column t at part_sum[co *
+ * tiles_n + t] and part_sq[...] (conv_stats_reduce adds them up). */
+template <bool FUSED, bool STATS>
 struct ConvForward {
-    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false, ROW_STATS = STATS;
     int M, N, K, kchunk;
     conv_geom g;
     const float *x, *w, *bias;
     float *y;
     int relu;
     mdl_input_map<FUSED> in;
+    float *part_sum, *part_sq;
+    int tiles_n;
 
     using Shared = taps<FUSED, 2 * MDL_GEMM_BK>;
     using BFixed = pixel;
@@ -157,12 +163,18 @@ struct ConvForward {
     {
         return t.stage(in, v, read, slot);
     }
-    __device__ void store(int i, int j, float acc, int) const
+    __device__ float store(int i, int j, float acc, int) const
     {
         const int img = g.by_P.div(j), p = j - img * g.P;
         float v = bias ? acc + bias[i] : acc;
         if (relu && !(v > 0.0f)) v = 0.0f; /* as the CPU: NaN becomes 0 */
         y[((int64_t)img * g.c_out + i) * g.P + p] = v;
+        return v;
+    }
+    __device__ void row_stats(int t, int i, float sum, float sumsq) const
+    {
+        part_sum[(int64_t)i * tiles_n + t] = sum;
+        part_sq[(int64_t)i * tiles_n + t] = sumsq;
     }
 };
 
@@ -170,7 +182,7 @@ struct ConvForward {
  * dy[img, co, oh, ow] where ih = oh*sh - ph + r, iw = ow*sw - pw + s: i = ci, k = (co, r, s),
  * j = (img, ih, iw).  Launched without a K split, so each element is stored exactly once. */
 struct ConvBackwardData {
-    static constexpr bool A_K_FAST = true, B_K_FAST = false;
+    static constexpr bool A_K_FAST = true, B_K_FAST = false, ROW_STATS = false;
     int M, N, K, kchunk;
     conv_geom g;
     const float *dy, *w;
@@ -210,7 +222,7 @@ struct ConvBackwardData {
  * gathers in(x).  A thread's k in a slice (pixel) is fixed, the block's columns' taps a table. */
 template <bool FUSED>
 struct ConvBackwardWeights {
-    static constexpr bool A_K_FAST = true, B_K_FAST = true;
+    static constexpr bool A_K_FAST = true, B_K_FAST = true, ROW_STATS = false;
     int M, N, K, kchunk;
     conv_geom g;
     const float *x, *dy;
@@ -297,6 +309,28 @@ conv_channel_sums(int n, int c_out, int P, const float *y, double *sum, double *
     }
 }
 
+/* sum[co] and sumsq[co] (either may be NULL) = the sums of channel co's `tiles` partial
+ * sums (ConvForward with STATS: part_sum[co * tiles + t], part_sq likewise) in double:
+ * block co, a fixed-order tree */
+__global__ void __launch_bounds__(MDL_CHANNEL_THREADS)
+conv_stats_reduce(int tiles, const float *part_sum, const float *part_sq, double *sum,
+                  double *sumsq)
+{
+    __shared__ double scratch[32];
+    const int64_t co = blockIdx.x;
+    double a = 0.0, q2 = 0.0;
+    for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
+        a += (double)part_sum[co * tiles + t];
+        q2 += (double)part_sq[co * tiles + t];
+    }
+    a = mdl_block_sum(a, scratch);
+    q2 = mdl_block_sum(q2, scratch);
+    if (threadIdx.x == 0) {
+        if (sum) sum[co] = a;
+        if (sumsq) sumsq[co] = q2;
+    }
+}
+
 } /* namespace */
 
 /* ---- public entry points -------------------------------------------------------------- */
@@ -314,24 +348,53 @@ mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out
     return mdl_conv2d_check_shape(__func__, s, h_out, w_out);
 }
 
+/* The forward's per-tile channel statistics: two floats a channel and tile column */
+static size_t stats_workspace(const conv_geom &g)
+{
+    return 2 * (size_t)mdl::gemm_tiles_n(g.c_out, (int64_t)g.n * g.P) * (size_t)g.c_out *
+           sizeof(float);
+}
+
+static size_t workspace_bytes_for(const conv_geom &g)
+{
+    int splits, kchunk;
+    const size_t w = weights_workspace(g, &splits, &kchunk), st = stats_workspace(g);
+    return w > st ? w : st;
+}
+
 size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s)
 {
     conv_geom g;
-    int splits, kchunk;
     if (geometry(__func__, s, &g) != MDL_OK) return 0;
-    return weights_workspace(g, &splits, &kchunk);
+    return workspace_bytes_for(g);
 }
 
 /* A given workspace must hold mdl_cuda_conv2d_workspace_size bytes, for every op alike. */
 static mdl_status check_workspace(const char *fn, const conv_geom &g, const void *ws, size_t bytes)
 {
-    int splits, kchunk;
-    size_t need = weights_workspace(g, &splits, &kchunk);
+    size_t need = workspace_bytes_for(g);
     if (ws != NULL && bytes < need)
         return mdl_cuda_error(MDL_ERR_WORKSPACE, "%s: workspace has %zu bytes, needs %zu", fn,
                               bytes, need);
     MDL_CHECK(((uintptr_t)ws & 3) == 0, "%s: workspace must be 4-byte aligned, got %p", fn, ws);
     return MDL_OK;
+}
+
+/* The forward's kernel, with the tiles' channel statistics (part_sum != NULL) or without */
+template <bool FUSED>
+static void launch_forward(const conv_geom &g, const float *x, mdl_input_map<FUSED> in,
+                           const float *w, const float *bias, int relu, float *y, float *part_sum,
+                           float *part_sq, int tiles_n, cudaStream_t stream)
+{
+    if (part_sum) {
+        ConvForward<FUSED, true> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0,
+                                      in, part_sum, part_sq, tiles_n};
+        mdl::gemm_launch(p, 1, stream);
+    } else {
+        ConvForward<FUSED, false> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y,
+                                       relu != 0, in, NULL, NULL, 0};
+        mdl::gemm_launch(p, 1, stream);
+    }
 }
 
 /* in: the map x is read through (NULL: x as it is) */
@@ -348,15 +411,21 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     MDL_CHECK_PTR(w);
     MDL_CHECK_PTR(y);
     if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
-    if (in && (in->scale || in->relu)) { /* otherwise the identity: the plain kernel */
-        ConvForward<true> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0,
-                               mdl_affine_of(in)};
-        mdl::gemm_launch(p, 1, stream);
-    } else {
-        ConvForward<false> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0, {}};
-        mdl::gemm_launch(p, 1, stream);
-    }
-    if ((channel_sum || channel_sumsq) && g.c_out > 0)
+    /* the channel sums: in the kernel's epilogue, each tile's into the workspace, then
+     * added up (conv_stats_reduce); without a workspace, a pass over y */
+    const bool stats = channel_sum || channel_sumsq, in_epilogue = stats && workspace;
+    const int tiles_n = (int)mdl::gemm_tiles_n(g.c_out, (int64_t)g.n * g.P);
+    float *const part_sum = in_epilogue ? (float *)workspace : NULL;
+    float *const part_sq = in_epilogue ? part_sum + (int64_t)tiles_n * g.c_out : NULL;
+    if (in && (in->scale || in->relu)) /* otherwise the identity: the plain kernel */
+        launch_forward<true>(g, x, mdl_affine_of(in), w, bias, relu, y, part_sum, part_sq,
+                             tiles_n, stream);
+    else
+        launch_forward<false>(g, x, {}, w, bias, relu, y, part_sum, part_sq, tiles_n, stream);
+    if (in_epilogue)
+        conv_stats_reduce<<<(unsigned)g.c_out, MDL_CHANNEL_THREADS, 0, stream>>>(
+            tiles_n, part_sum, part_sq, channel_sum, channel_sumsq);
+    else if (stats)
         conv_channel_sums<<<(unsigned)g.c_out, MDL_CHANNEL_THREADS, 0, stream>>>(
             g.n, g.c_out, g.P, y, channel_sum, channel_sumsq);
     return mdl_cuda_launched(fn);

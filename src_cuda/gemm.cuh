@@ -12,6 +12,10 @@
  *     __device__ float b(const BFixed &, int v, int slot, const Shared &, bool &read) const;
  *     __device__ float b_stage(float v, bool read, int slot, const Shared &) const;
  *     __device__ void store(int i, int j, float acc, int z) const;   i < M, j < N
+ *     static constexpr bool ROW_STATS;  with it, store() returns the value it stored and
+ *     __device__ void row_stats(int t, int i, float sum, float sumsq) const;
+ *                       gets the sum and the sum of squares of those values in row i of
+ *                       the block's tile, t = the tile's column (blockIdx.x % tiles_n)
  *     struct Shared;  __device__ void setup(Shared &, int j0) const;
  *                     __device__ void slice(Shared &, int kt, int buf) const;
  *
@@ -29,6 +33,11 @@
  * returned passes through b_stage() (a map of the values read, say) when it is
  * staged in shared memory, after the slice before it was multiplied: whatever
  * uses a loaded value waits for the load, and here that wait is hidden.
+ *
+ * With ROW_STATS, each thread adds up what it stored of each of its rows, the threads
+ * of a row add their sums in a fixed tree of warp shuffles (the TX threads of a row lie
+ * in one warp), and the first gives row_stats() the tile's: a per-channel statistic of
+ * a convolution's output, taken while the tile is in registers (BatchNorm's, fused).
  *
  * The kernel tiles C in BM x BN blocks, steps through k in
  * slices of BK staged in shared memory (the next slice is fetched into registers
@@ -161,14 +170,37 @@ gemm_tiled(const P p, int tiles_n)
         __syncthreads(); /* before the next slice overwrites As and Bs */
     }
 
+    float rs[TM], rq[TM]; /* ROW_STATS: this thread's sums of what it stored, by row */
 #pragma unroll
     for (int i = 0; i < TM; i++) {
+        rs[i] = rq[i] = 0.0f;
         const int gi = i0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
         if (gi >= p.M) continue;
 #pragma unroll
         for (int j = 0; j < TN; j++) {
             const int gj = j0 + (j / 4) * 4 * TX + tx * 4 + j % 4;
-            if (gj < p.N) p.store(gi, gj, acc[i][j], (int)blockIdx.y);
+            if (gj >= p.N) continue;
+            if constexpr (P::ROW_STATS) {
+                const float v = p.store(gi, gj, acc[i][j], (int)blockIdx.y);
+                rs[i] += v;
+                rq[i] = fmaf(v, v, rq[i]);
+            } else {
+                p.store(gi, gj, acc[i][j], (int)blockIdx.y);
+            }
+        }
+    }
+    if constexpr (P::ROW_STATS) {
+        static_assert(32 % TX == 0, "a row's threads lie in one warp");
+#pragma unroll
+        for (int i = 0; i < TM; i++) {
+#pragma unroll
+            for (int off = TX / 2; off > 0; off >>= 1) {
+                rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], off);
+                rq[i] += __shfl_xor_sync(0xffffffffu, rq[i], off);
+            }
+            const int gi = i0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
+            if (tx == 0 && gi < p.M)
+                p.row_stats((int)(blockIdx.x % (unsigned)tiles_n), gi, rs[i], rq[i]);
         }
     }
 }
@@ -193,6 +225,12 @@ static inline gemm_cfg gemm_pick(int64_t M, int64_t N)
     if (M <= 32) return GEMM_M32;
     if (cdiv(M, 128) * cdiv(N, 128) >= 256) return GEMM_128;
     return GEMM_64;
+}
+
+/* The tiles' columns along N (the t of row_stats: 0 <= t < this) */
+static inline int64_t gemm_tiles_n(int64_t M, int64_t N)
+{
+    return cdiv(N, gemm_pick(M, N) == GEMM_64 ? 64 : 128);
 }
 
 static inline int64_t gemm_tiles(gemm_cfg cfg, int64_t M, int64_t N)
@@ -256,7 +294,7 @@ static void gemm_launch(const P &p, int splits, cudaStream_t stream)
  * every row of C (linear's forward): C = alpha op(A) op(B) [+ col_bias] [+ beta C]. */
 template <bool TA, bool TB>
 struct PlainGemm {
-    static constexpr bool A_K_FAST = !TA, B_K_FAST = TB;
+    static constexpr bool A_K_FAST = !TA, B_K_FAST = TB, ROW_STATS = false;
     int M, N, K, kchunk;
     const float *A, *B;
     float *C;

@@ -193,18 +193,30 @@ def test_conv2d_forward(gpu, rng, case, with_bias):
 
 @pytest.mark.parametrize("case", CONV_SHAPES)
 def test_conv2d_forward_epilogue(gpu, rng, case):
-    """bias + ReLU in the store and the float64 channel sums, against the CPU kernel."""
+    """bias + ReLU in the store and the float64 channel sums, against the CPU kernel: with
+    the workspace the sums of each tile in the kernel's epilogue (the same bits when run
+    again), without it a pass over y."""
     shape, (ho, wo), x, wt, bias, _, kw = conv_case(rng, *case)
     c_out = wt.shape[0]
     want = np.empty((x.shape[0], c_out, ho, wo), np.float32)
     want_s, want_q = np.empty(c_out), np.empty(c_out)
     _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), bias, True, want_s, want_q, want.ravel())
-    py, ps, pq = gpu.empty(want.shape), gpu.empty(c_out, np.float64), gpu.empty(c_out, np.float64)
-    run(cuda.conv2d_forward_ex, shape, gpu.up(x), gpu.up(wt), gpu.up(bias), True, ps, pq, py)
-    check(gpu.down(py, want.shape), want, "conv", "relu(y)")
     scale = np.sqrt(want.size / c_out) * max(np.abs(want).max(), 1.0)
-    assert np.allclose(gpu.down(ps, c_out, np.float64), want_s, rtol=1e-5, atol=1e-5 * scale)
-    assert np.allclose(gpu.down(pq, c_out, np.float64), want_q, rtol=1e-5, atol=1e-5 * scale ** 2)
+    ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
+    assert ws_bytes >= 8 * c_out  # at least one tile's pair of floats a channel
+    sums = {}
+    for how, args in (("epilogue", (ws, ws_bytes)), ("epilogue again", (ws, ws_bytes)),
+                      ("pass", ())):
+        py, ps, pq = (gpu.empty(want.shape), gpu.empty(c_out, np.float64),
+                      gpu.empty(c_out, np.float64))
+        run(cuda.conv2d_forward_ex, shape, gpu.up(x), gpu.up(wt), gpu.up(bias), True, ps, pq, py,
+            *args)
+        check(gpu.down(py, want.shape), want, "conv", f"relu(y), {how}")
+        sums[how] = gpu.down(ps, c_out, np.float64), gpu.down(pq, c_out, np.float64)
+        assert np.allclose(sums[how][0], want_s, rtol=1e-5, atol=1e-5 * scale), how
+        assert np.allclose(sums[how][1], want_q, rtol=1e-5, atol=1e-5 * scale ** 2), how
+    for a, b in zip(sums["epilogue"], sums["epilogue again"]):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("case", CONV_SHAPES)
