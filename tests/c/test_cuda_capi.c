@@ -66,6 +66,13 @@ int main(void)
                  MDL_ERR_WORKSPACE, "workspace has");
     EXPECT_ERROR(mdl_cuda_conv2d_backward_data_fused(&cs, p, p, NULL, 1, NULL, 0, NULL),
                  MDL_ERR_ARG, "mdl_cuda_conv2d_backward_data_fused: dx must not be NULL");
+    /* the forward's channel sums take each output tile's in the workspace: a pair of
+     * floats a channel for cs's one tile of 128 columns */
+    const size_t sums = mdl_cuda_conv2d_workspace_size(&cs);
+    EXPECT(sums == 2 * 4 * sizeof(float), "the channel sums' workspace: %zu bytes", sums);
+    EXPECT_ERROR(mdl_cuda_conv2d_forward_ex(&cs, p, p, NULL, 0, (double *)p, NULL, p, p,
+                                            sums - 1, NULL),
+                 MDL_ERR_WORKSPACE, "workspace has");
     /* a tap's offset in an image, c_in*h*w, is a 32-bit int in the kernels */
     mdl_conv2d_shape huge_image = {1, 16384, 256, 256, 4, 1, 1, 1, 1, 0, 0};
     EXPECT_ERROR(mdl_cuda_conv2d_forward(&huge_image, p, p, NULL, p, NULL, 0, NULL),
