@@ -170,11 +170,13 @@ gemm_tiled(const P p, int tiles_n)
         __syncthreads(); /* before the next slice overwrites As and Bs */
     }
 
+    /* the row of C of this thread's row i */
+    auto row = [&](int i) { return i0 + (i / 4) * 4 * TY + ty * 4 + i % 4; };
     float rs[TM], rq[TM]; /* ROW_STATS: this thread's sums of what it stored, by row */
 #pragma unroll
     for (int i = 0; i < TM; i++) {
         rs[i] = rq[i] = 0.0f;
-        const int gi = i0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
+        const int gi = row(i);
         if (gi >= p.M) continue;
 #pragma unroll
         for (int j = 0; j < TN; j++) {
@@ -198,9 +200,8 @@ gemm_tiled(const P p, int tiles_n)
                 rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], off);
                 rq[i] += __shfl_xor_sync(0xffffffffu, rq[i], off);
             }
-            const int gi = i0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
-            if (tx == 0 && gi < p.M)
-                p.row_stats((int)(blockIdx.x % (unsigned)tiles_n), gi, rs[i], rq[i]);
+            if (tx == 0 && row(i) < p.M)
+                p.row_stats((int)(blockIdx.x % (unsigned)tiles_n), row(i), rs[i], rq[i]);
         }
     }
 }
