@@ -157,10 +157,8 @@ typedef struct mdl_conv2d_shape {
  * padding < kernel, input and output channels multiples of 16 (with AVX-512, multiples
  * of 8 as on AVX2 for the weight gradient, and for the forward and data gradient from
  * 16 input channels or 256 channel pairs up to 64 * 128), summing over the
- * channels in registers up to c_in * c_out = 128 * 256 (forward and data gradient,
- * 256 * 256 for outputs at least 8 wide; the weight gradient, over the tiles, up to
- * 128 * 128) and beyond by one SGEMM per transform point over the tiles of a chunk of
- * images; otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
+ * channels in registers or by one SGEMM per transform point over the tiles of a chunk
+ * of images (mdl_set_winograd_sums); otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
  * least 64 input and output channels and outputs at least 16 wide (forward, and
  * backward_data through the equivalent forward of dy).  Images that lie inside every
  * output pixel's window with fewer pixels than the kernel has taps (2x2 under 3x3
@@ -182,6 +180,25 @@ typedef enum mdl_conv_algo {
 } mdl_conv_algo;
 MDL_API mdl_status mdl_set_conv_algo(mdl_conv_algo algo);
 MDL_API mdl_conv_algo mdl_get_conv_algo(void);
+
+/* How the channel Winograd (F(4x4) above) sums over the channels, or the weight
+ * gradient over the tiles: in registers, a chunk of a few tiles at a time, each chunk
+ * reading all of the transformed weights (36 c_in c_out floats for 3x3, 64 for 5x5),
+ * or by one SGEMM per transform point over the tiles of a chunk of images.
+ * MDL_WINOGRAD_SUMS_AUTO (the default): the weight gradient in registers up to c_in *
+ * c_out = 128 * 128; the forward and the data gradient on Intel CPUs in registers while
+ * the transformed weights fit in 5/8 of a core's L2 (1.25 MiB of 2 MiB: 3x3 up to 64 x
+ * 128 channels), beyond which reading them from L3 for every chunk measured 1.2-3.4x
+ * slower (256 -> 256 at 8x8), and elsewhere up to 128 * 256 (256 * 256 for outputs at
+ * least 8 wide), as measured on AMD's Zen 4.  MDL_WINOGRAD_SUMS_REGISTERS and
+ * MDL_WINOGRAD_SUMS_SGEMM force one in every direction; both round to about the same
+ * error, not to the same bits.  Query mdl_conv2d_workspace_size after a change. */
+typedef enum mdl_winograd_sums {
+    MDL_WINOGRAD_SUMS_AUTO = 0,
+    MDL_WINOGRAD_SUMS_REGISTERS = 1,
+    MDL_WINOGRAD_SUMS_SGEMM = 2
+} mdl_winograd_sums;
+MDL_API mdl_status mdl_set_winograd_sums(mdl_winograd_sums mode);
 
 /* Output y: (n, c_out, h_out, w_out), h_out = (h + 2 pad_h - kh) / stride_h + 1. */
 MDL_API mdl_status mdl_conv2d_output_size(const mdl_conv2d_shape *s,

@@ -48,6 +48,11 @@ cdef extern from "minidl.h" nogil:
         MDL_CONV_WINOGRAD
     mdl_status mdl_set_conv_algo(mdl_conv_algo algo)
     mdl_conv_algo mdl_get_conv_algo()
+    ctypedef enum mdl_winograd_sums:
+        MDL_WINOGRAD_SUMS_AUTO
+        MDL_WINOGRAD_SUMS_REGISTERS
+        MDL_WINOGRAD_SUMS_SGEMM
+    mdl_status mdl_set_winograd_sums(mdl_winograd_sums mode)
     size_t mdl_conv2d_workspace_size(const mdl_conv2d_shape *s)
     mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x, const float *w,
                                   const float *bias, float *y, void *workspace, size_t workspace_bytes)

@@ -171,6 +171,18 @@ def get_conv_algo():
     return next(k for k, v in CONV_ALGOS.items() if v == a)
 
 
+WINOGRAD_SUMS = {"auto": MDL_WINOGRAD_SUMS_AUTO, "registers": MDL_WINOGRAD_SUMS_REGISTERS,
+                 "sgemm": MDL_WINOGRAD_SUMS_SGEMM}
+
+
+def set_winograd_sums(str mode):
+    """Whether the channel Winograd sums in registers ("registers"), by one SGEMM per
+    transform point ("sgemm") or chooses by shape and CPU ("auto", the default)."""
+    if mode not in WINOGRAD_SUMS:
+        raise ValueError(f"winograd sums mode must be one of {sorted(WINOGRAD_SUMS)}, got {mode!r}")
+    check(mdl_set_winograd_sums(WINOGRAD_SUMS[mode]))
+
+
 def conv2d_workspace_size(tuple shape):
     cdef mdl_conv2d_shape cs = conv_shape(shape)
     return mdl_conv2d_workspace_size(&cs)

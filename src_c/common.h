@@ -39,6 +39,8 @@ int mdl_threads_for(double work);
 int mdl_num_threads(void);
 /* The core's L2 cache in bytes (1 MiB where the system does not say) */
 int64_t mdl_l2_bytes(void);
+/* Whether the CPU is Intel's (some measured choices differ between its cores and AMD's) */
+int mdl_cpu_intel(void);
 /* Whether the AVX-512 SGEMM reads op(B) in place for thin C (mdl_set_sgemm_b's mode, or
  * for MDL_SGEMM_B_AUTO whether the CPU is not Intel's) */
 int mdl_sgemm_b_in_place(void);

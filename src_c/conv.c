@@ -70,11 +70,18 @@
  * by SGEMMs against the batched GEMM at 4x4, 512 -> 512, 1.45-1.7x in all three
  * directions; against the GEMM or the dot products, 256 -> 256 at 8x8 dw 2.8-3.0x; and
  * against the register sums at 8x8, 256 -> 256 0.92-0.96x and 128 -> 256 0.6-0.8x (so
- * the limits stay), at 16x16, 256 -> 256 1.06-1.15x; 128 x 128 dw 0.93x. */
+ * the limits stay), at 16x16, 256 -> 256 1.06-1.15x; 128 x 128 dw 0.93x.  Those are AMD's
+ * Zen 4, whose L3 feeds a core fast.  On an Intel Xeon (2 MiB of L2 a core, about 26
+ * GB/s from L3) the forward and data gradient stream U from L3 too slowly: there they
+ * sum in registers while U fits in WINOGRAD_INTEL_L2_EIGHTHS / 8 of the L2, the sums
+ * by SGEMMs measuring 0.86x at 64 x 128 channels (U 1.1 MiB), even at 96 x 96 (1.3 MiB),
+ * 1.15x at 96 x 128 (1.7 MiB), 1.2-1.5x at 128 x 128, 2.6-3.4x at 256 x 256 (8x8 and
+ * 16x16; 5x5 the same by U's size); its weight gradient keeps the limit above. */
 #define WINOGRAD_CHANNELS_MAX_CC (128 * 256)
 #define WINOGRAD_CHANNELS_WIDE_MAX_CC (256 * 256)
 #define WINOGRAD_WIDE_MIN_WO 8
 #define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
+#define WINOGRAD_INTEL_L2_EIGHTHS 5
 #define WINO_SUMS_BYTES (16 << 20) /* 32 MiB measured 0-5% faster at 512 x 512 channels */
 /* At the AVX-512 level, channels in multiples of 8 but not of 16 take winograd8_avx2.c
  * (AVX2 vectors) for the weight gradient (1.1-2.1x the GEMM), and for the forward and the
@@ -89,12 +96,22 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 #define FLOATS(n) (((size_t)(n) + 15) & ~(size_t)15)
 
 static int conv_algo = -1; /* -1: not yet read from MINIDL_CONV */
+static int sums_mode = MDL_WINOGRAD_SUMS_AUTO; /* mdl_set_winograd_sums */
 
 mdl_status mdl_set_conv_algo(mdl_conv_algo algo)
 {
     if (algo != MDL_CONV_AUTO && algo != MDL_CONV_GEMM && algo != MDL_CONV_WINOGRAD)
         return mdl_error(MDL_ERR_ARG, "mdl_set_conv_algo: unknown algorithm %d", (int)algo);
     __atomic_store_n(&conv_algo, (int)algo, __ATOMIC_RELAXED);
+    return MDL_OK;
+}
+
+mdl_status mdl_set_winograd_sums(mdl_winograd_sums mode)
+{
+    if (mode != MDL_WINOGRAD_SUMS_AUTO && mode != MDL_WINOGRAD_SUMS_REGISTERS &&
+        mode != MDL_WINOGRAD_SUMS_SGEMM)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_winograd_sums: unknown mode %d", (int)mode);
+    __atomic_store_n(&sums_mode, (int)mode, __ATOMIC_RELAXED);
     return MDL_OK;
 }
 
@@ -325,17 +342,23 @@ static size_t batch_thread(const mdl_conv2d_shape *s, int64_t K, int64_t ho, int
     return 0;
 }
 
-/* The channel Winograd's limit on c_in c_out: for the forward and the data gradient
- * (wo: the output's width), or the weight gradient (grad).  Above it the sums over the
- * input channels, or over the tiles, go to SGEMMs over the tiles of a chunk of images
- * (winograd_sums, weights_winograd_sums).  Tiles per image (4x4 outputs each), images
- * per chunk (V and M, or dM, within WINO_SUMS_BYTES), and the shared
+/* Whether the channel Winograd sums over the input channels (the forward and the data
+ * gradient; wo: the output's width), or over the tiles (the weight gradient, grad), by
+ * SGEMMs over the tiles of a chunk of images (winograd_sums, weights_winograd_sums)
+ * instead of in registers (mdl_set_winograd_sums).  Tiles per image (4x4 outputs each),
+ * images per chunk (V and M, or dM, within WINO_SUMS_BYTES), and the shared
  * workspace: the chunk's V and M (dM), the largest of the SGEMMs' workspaces, and for
  * the weight gradient dU in float. */
-static int64_t channels_max_cc(int64_t wo, int grad)
+static int wino_by_sgemm(const mdl_conv2d_shape *s, int64_t wo, int grad)
 {
-    return grad ? WINOGRAD_CHANNELS_GRAD_MAX_CC
-           : wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC;
+    const int mode = __atomic_load_n(&sums_mode, __ATOMIC_RELAXED);
+    if (mode != MDL_WINOGRAD_SUMS_AUTO) return mode == MDL_WINOGRAD_SUMS_SGEMM;
+    const int64_t cc = s->c_in * s->c_out;
+    if (grad) return cc > WINOGRAD_CHANNELS_GRAD_MAX_CC;
+    if (mdl_cpu_intel())
+        return mdl_winograd_points(s) * cc * (int64_t)sizeof(float) >
+               mdl_l2_bytes() / 8 * WINOGRAD_INTEL_L2_EIGHTHS;
+    return cc > (wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC);
 }
 static int64_t wino_tiles(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
@@ -384,7 +407,7 @@ static size_t wino_sums_need(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, 
 #if MDL_X86
     const int w8 = winograd_cpu(MDL_SIMD_AVX2) && mdl_winograd8_applies(s);
     const int w16 = winograd_cpu(MDL_SIMD_AVX512) && mdl_winograd_avx512_applies(s);
-    if ((w8 || w16) && s->c_in * s->c_out > channels_max_cc(wo, grad)) {
+    if ((w8 || w16) && wino_by_sgemm(s, wo, grad)) {
         *per = max_size(*per, (w16 ? mdl_winograd_avx512_tiles_floats
                                    : mdl_winograd8_tiles_floats)(s, ho, wo));
         const sums_layout L = wino_sums_layout(s, ho, wo, grad);
@@ -409,7 +432,7 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
     const int64_t cc = s->c_in * s->c_out;
-    const int sums = cc > channels_max_cc(wo, grad);
+    const int sums = wino_by_sgemm(s, wo, grad);
     if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
     if (mdl_use_avx2() && mdl_winograd8_applies(s) &&
         (!mdl_use_avx512() || grad ||

@@ -136,10 +136,8 @@ mdl_status mdl_set_sgemm_b(mdl_sgemm_b mode)
     return MDL_OK;
 }
 
-int mdl_sgemm_b_in_place(void)
+int mdl_cpu_intel(void)
 {
-    const int mode = __atomic_load_n(&sgemm_b, __ATOMIC_RELAXED);
-    if (mode != MDL_SGEMM_B_AUTO) return mode == MDL_SGEMM_B_IN_PLACE;
     static int intel = -1; /* -1: not yet read; every thread reads the same value */
     int v = __atomic_load_n(&intel, __ATOMIC_RELAXED);
     if (v < 0) {
@@ -151,7 +149,14 @@ int mdl_sgemm_b_in_place(void)
 #endif
         __atomic_store_n(&intel, v, __ATOMIC_RELAXED);
     }
-    return !v;
+    return v;
+}
+
+int mdl_sgemm_b_in_place(void)
+{
+    const int mode = __atomic_load_n(&sgemm_b, __ATOMIC_RELAXED);
+    if (mode != MDL_SGEMM_B_AUTO) return mode == MDL_SGEMM_B_IN_PLACE;
+    return !mdl_cpu_intel();
 }
 
 /* ---- SIMD dispatch --------------------------------------------------------- */

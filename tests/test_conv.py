@@ -159,8 +159,8 @@ WINOGRAD = [
     (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
-    (2, 128, 8, 8, 256, 3, 3, 1, 1),          # by default F(4x4) forward and dx, GEMM dw
-    (2, 256, 8, 8, 256, 3, 3, 1, 1),          # the same from 8 wide up to 256 x 256
+    (2, 128, 8, 8, 256, 3, 3, 1, 1),          # forward and dx summed in registers (on Intel's
+    (2, 256, 8, 8, 256, 3, 3, 1, 1),          # CPUs by SGEMMs), from 8 wide up to 256 x 256
     (3, 192, 6, 5, 192, 3, 3, 1, 1),          # beyond: the sums by SGEMMs, every direction
     (2, 192, 4, 4, 192, 3, 3, 1, 1),          # the same at 4x4: an image's rows to a store
     (2, 192, 5, 7, 176, 5, 5, 1, 2),          # the same, F(4x4, 5x5)
@@ -217,6 +217,30 @@ def test_conv_algo_setting():
     assert minidl.get_conv_algo() == "auto"
     with pytest.raises(ValueError, match="conv algorithm must be one of"):
         minidl.set_conv_algo("fft")
+    with pytest.raises(ValueError, match="winograd sums mode must be one of"):
+        _C.set_winograd_sums("fft")
+
+
+@pytest.fixture(params=["registers", "sgemm"])
+def winograd_sums(request):
+    minidl.set_conv_algo("winograd")
+    _C.set_winograd_sums(request.param)
+    yield request.param
+    _C.set_winograd_sums("auto")
+    minidl.set_conv_algo("auto")
+
+
+@pytest.mark.parametrize("case", [
+    (2, 64, 8, 8, 64, 3, 3, 1, 1),            # below every CPU's limit
+    (2, 128, 6, 7, 256, 3, 3, 1, 1),          # above Intel's, partial tiles
+    (2, 32, 5, 7, 48, 5, 5, 1, 2),            # F(4x4, 5x5)
+    (2, 24, 6, 6, 40, 3, 3, 1, 1),            # channels in AVX2 vectors (multiples of 8)
+], ids=ids)
+def test_winograd_sums_either_way(simd, threads, winograd_sums, rng, case):
+    """The channel Winograd with its sums forced into registers and to SGEMMs in every
+    direction (by default the shape and the CPU choose: set_winograd_sums), against
+    float64 NumPy."""
+    check_all(rng, case, True)
 
 
 def test_reference_gradients_by_finite_differences(rng):

@@ -16,7 +16,7 @@ cuda = pytest.importorskip("minidl._cuda", reason="minidl was built without nvcc
 
 # _C's knobs for the CPU (threads, SIMD, version, scratch memory): no CUDA twin.
 CPU_ONLY = {"version", "set_num_threads", "get_num_threads", "set_min_parallel_work",
-            "set_sgemm_b", "cpu_simd", "set_simd", "get_simd", "set_conv_algo",
+            "set_sgemm_b", "set_winograd_sums", "cpu_simd", "set_simd", "get_simd", "set_conv_algo",
             "get_conv_algo", "set_keep_workspace", "get_keep_workspace"}
 # Size helpers run on the host: exactly _C's parameters, no stream.
 HOST_ONLY = {"sgemm_workspace_size", "conv2d_output_size", "conv2d_workspace_size",
