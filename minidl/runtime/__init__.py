@@ -33,7 +33,7 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
-from minidl import _C, ops
+from minidl import ops
 from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
 from minidl.nn.layers import Mapped, SoftmaxCrossEntropy
@@ -62,10 +62,11 @@ def keep_freed_memory() -> bool:
     memory there, so that each step's activations reuse the pages of the step before
     instead of the kernel mapping and zeroing fresh ones (page faults: on 2 threads
     several ms per step).  Peak memory is unchanged; the process keeps its peak after
-    a step.  The kernels then give their scratch memory back to malloc after each call
-    (minidl.set_keep_workspace(False)), where the activations can reuse it (kept for
-    the kernels alone, it would add to the peak: bench/NOTES.md).  The cpu executor
-    calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
+    a step.  The kernels keep their own scratch memory as before (one block,
+    minidl.set_keep_workspace): given back to malloc after each call, their blocks of
+    tens of MB interleaved with the activations and fragmented the heap (vgg11_bn's
+    peak RSS 315-800 MB by plan and step count against 360-500 kept: bench/NOTES.md).
+    The cpu executor calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
     Returns whether the setting is in force (False off glibc, or where another malloc
     is interposed, such as AddressSanitizer's, which ignores mallopt)."""
     global _kept_memory
@@ -79,8 +80,6 @@ def keep_freed_memory() -> bool:
                                     libc.mallopt(_M_TRIM_THRESHOLD, _KEEP))
             except (OSError, AttributeError):
                 pass
-        if _kept_memory:
-            _C.set_keep_workspace(False)
     return _kept_memory
 
 
