@@ -186,11 +186,12 @@ MDL_API mdl_conv_algo mdl_get_conv_algo(void);
  * reading all of the transformed weights (36 c_in c_out floats for 3x3, 64 for 5x5),
  * or by one SGEMM per transform point over the tiles of a chunk of images.
  * MDL_WINOGRAD_SUMS_AUTO (the default): the weight gradient in registers up to c_in *
- * c_out = 128 * 128; the forward and the data gradient on Intel CPUs in registers while
- * the transformed weights fit in 5/8 of a core's L2 (1.25 MiB of 2 MiB: 3x3 up to 64 x
- * 128 channels), beyond which reading them from L3 for every chunk measured 1.2-3.4x
- * slower (256 -> 256 at 8x8), and elsewhere up to 128 * 256 (256 * 256 for outputs at
- * least 8 wide), as measured on AMD's Zen 4.  MDL_WINOGRAD_SUMS_REGISTERS and
+ * c_out = 128 * 128; the forward and the data gradient on Intel CPUs with AVX-512 (the
+ * Xeons, whose L3 feeds a core slowly) in registers while the transformed weights fit
+ * in 5/8 of a core's L2 (1.25 MiB of 2 MiB: 3x3 up to 64 x 128 channels), beyond which
+ * reading them from L3 for every chunk measured 1.2-3.4x slower (256 -> 256 at 8x8), and
+ * elsewhere up to 128 * 256 (256 * 256 for outputs at least 8 wide), as measured on
+ * AMD's Zen 4.  MDL_WINOGRAD_SUMS_REGISTERS and
  * MDL_WINOGRAD_SUMS_SGEMM force one in every direction; both round to about the same
  * error, not to the same bits.  Query mdl_conv2d_workspace_size after a change. */
 typedef enum mdl_winograd_sums {

@@ -72,7 +72,9 @@
  * against the register sums at 8x8, 256 -> 256 0.92-0.96x and 128 -> 256 0.6-0.8x (so
  * the limits stay), at 16x16, 256 -> 256 1.06-1.15x; 128 x 128 dw 0.93x.  Those are AMD's
  * Zen 4, whose L3 feeds a core fast.  On an Intel Xeon (2 MiB of L2 a core, about 26
- * GB/s from L3) the forward and data gradient stream U from L3 too slowly: there they
+ * GB/s from L3 over its mesh) the forward and data gradient stream U from L3 too slowly:
+ * on Intel's CPUs with AVX-512 (the Xeons since Skylake; the desktop ones without it
+ * have a ring to their L3, as fast as Zen 4's, and keep its limits, unmeasured) they
  * sum in registers while U fits in WINOGRAD_INTEL_L2_EIGHTHS / 8 of the L2, the sums
  * by SGEMMs measuring 0.86x at 64 x 128 channels (U 1.1 MiB), even at 96 x 96 (1.3 MiB),
  * 1.15x at 96 x 128 (1.7 MiB), 1.2-1.5x at 128 x 128, 2.6-3.4x at 256 x 256 (8x8 and
@@ -355,7 +357,7 @@ static int wino_by_sgemm(const mdl_conv2d_shape *s, int64_t wo, int grad)
     if (mode != MDL_WINOGRAD_SUMS_AUTO) return mode == MDL_WINOGRAD_SUMS_SGEMM;
     const int64_t cc = s->c_in * s->c_out;
     if (grad) return cc > WINOGRAD_CHANNELS_GRAD_MAX_CC;
-    if (mdl_cpu_intel())
+    if (mdl_cpu_intel() && mdl_cpu_simd() >= MDL_SIMD_AVX512)
         return mdl_winograd_points(s) * cc * (int64_t)sizeof(float) >
                mdl_l2_bytes() / 8 * WINOGRAD_INTEL_L2_EIGHTHS;
     return cc > (wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC);
