@@ -210,6 +210,8 @@ static void test_errors(void)
     EXPECT(mdl_set_num_threads(-1) == MDL_ERR_ARG, "negative thread count");
     EXPECT(mdl_set_sgemm_b((mdl_sgemm_b)3) == MDL_ERR_ARG, "bad sgemm b mode");
     EXPECT(mdl_set_sgemm_b(MDL_SGEMM_B_AUTO) == MDL_OK, "sgemm b auto");
+    EXPECT(mdl_set_winograd_sums((mdl_winograd_sums)3) == MDL_ERR_ARG, "bad winograd sums mode");
+    EXPECT(mdl_set_winograd_sums(MDL_WINOGRAD_SUMS_AUTO) == MDL_OK, "winograd sums auto");
 }
 
 int main(void)
