@@ -158,8 +158,8 @@ typedef struct mdl_conv2d_shape {
  * of 8 as on AVX2 for the weight gradient, and for the forward and data gradient from
  * 16 input channels or 256 channel pairs up to 64 * 128), summing over the
  * channels in registers or by one SGEMM per transform point over the tiles of a chunk
- * of images (mdl_set_winograd_sums); otherwise F(2x2, 3x3) for 3x3 kernels with stride 1, padding <= 2, at
- * least 64 input and output channels and outputs at least 16 wide (forward, and
+ * of images (mdl_set_winograd_sums); otherwise F(2x2, 3x3) for 3x3 kernels with
+ * stride 1, padding <= 2, at least 64 input and output channels and outputs at least 16 wide (forward, and
  * backward_data through the equivalent forward of dy).  Images that lie inside every
  * output pixel's window with fewer pixels than the kernel has taps (2x2 under 3x3
  * with padding 1), from 16 images on, take one SGEMM over the batch with the weights
@@ -191,9 +191,9 @@ MDL_API mdl_conv_algo mdl_get_conv_algo(void);
  * in 5/8 of a core's L2 (1.25 MiB of 2 MiB: 3x3 up to 64 x 128 channels), beyond which
  * reading them from L3 for every chunk measured 1.2-3.4x slower (256 -> 256 at 8x8), and
  * elsewhere up to 128 * 256 (256 * 256 for outputs at least 8 wide), as measured on
- * AMD's Zen 4.  MDL_WINOGRAD_SUMS_REGISTERS and
- * MDL_WINOGRAD_SUMS_SGEMM force one in every direction; both round to about the same
- * error, not to the same bits.  Query mdl_conv2d_workspace_size after a change. */
+ * AMD's Zen 4.  MDL_WINOGRAD_SUMS_REGISTERS and MDL_WINOGRAD_SUMS_SGEMM force one in
+ * every direction; both round to about the same error, not to the same bits.  Query
+ * mdl_conv2d_workspace_size after a change. */
 typedef enum mdl_winograd_sums {
     MDL_WINOGRAD_SUMS_AUTO = 0,
     MDL_WINOGRAD_SUMS_REGISTERS = 1,

@@ -124,18 +124,6 @@ int64_t mdl_l2_bytes(void)
     return v;
 }
 
-/* ---- the SGEMM's op(B) for thin C (mdl_set_sgemm_b) ------------------------- */
-
-static int sgemm_b = MDL_SGEMM_B_AUTO;
-
-mdl_status mdl_set_sgemm_b(mdl_sgemm_b mode)
-{
-    if (mode != MDL_SGEMM_B_AUTO && mode != MDL_SGEMM_B_IN_PLACE && mode != MDL_SGEMM_B_PACKED)
-        return mdl_error(MDL_ERR_ARG, "mdl_set_sgemm_b: unknown mode %d", (int)mode);
-    __atomic_store_n(&sgemm_b, (int)mode, __ATOMIC_RELAXED);
-    return MDL_OK;
-}
-
 int mdl_cpu_intel(void)
 {
     static int intel = -1; /* -1: not yet read; every thread reads the same value */
@@ -150,6 +138,18 @@ int mdl_cpu_intel(void)
         __atomic_store_n(&intel, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+
+/* ---- the SGEMM's op(B) for thin C (mdl_set_sgemm_b) ------------------------- */
+
+static int sgemm_b = MDL_SGEMM_B_AUTO;
+
+mdl_status mdl_set_sgemm_b(mdl_sgemm_b mode)
+{
+    if (mode != MDL_SGEMM_B_AUTO && mode != MDL_SGEMM_B_IN_PLACE && mode != MDL_SGEMM_B_PACKED)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_sgemm_b: unknown mode %d", (int)mode);
+    __atomic_store_n(&sgemm_b, (int)mode, __ATOMIC_RELAXED);
+    return MDL_OK;
 }
 
 int mdl_sgemm_b_in_place(void)

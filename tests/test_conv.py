@@ -159,8 +159,8 @@ WINOGRAD = [
     (3, 32, 16, 16, 32, 3, 3, 1, 1),          # its second: two images per F(4x4) call
     (5, 64, 8, 8, 64, 3, 3, 1, 1),            # its third: 4 tiles per image, images grouped
     (5, 64, 6, 6, 128, 3, 3, 1, 1),           # dw in the gradient's larger chunks
-    (2, 128, 8, 8, 256, 3, 3, 1, 1),          # forward and dx summed in registers (on Intel's
-    (2, 256, 8, 8, 256, 3, 3, 1, 1),          # CPUs by SGEMMs), from 8 wide up to 256 x 256
+    (2, 128, 8, 8, 256, 3, 3, 1, 1),          # forward and dx summed in registers (by SGEMMs
+    (2, 256, 8, 8, 256, 3, 3, 1, 1),          # on Intel's with AVX-512), 8 wide, to 256 x 256
     (3, 192, 6, 5, 192, 3, 3, 1, 1),          # beyond: the sums by SGEMMs, every direction
     (2, 192, 4, 4, 192, 3, 3, 1, 1),          # the same at 4x4: an image's rows to a store
     (2, 192, 5, 7, 176, 5, 5, 1, 2),          # the same, F(4x4, 5x5)
@@ -232,7 +232,7 @@ def winograd_sums(request):
 
 @pytest.mark.parametrize("case", [
     (2, 64, 8, 8, 64, 3, 3, 1, 1),            # below every CPU's limit
-    (2, 128, 6, 7, 256, 3, 3, 1, 1),          # above Intel's, partial tiles
+    (2, 128, 6, 7, 256, 3, 3, 1, 1),          # above the Xeons' limit, partial tiles
     (2, 32, 5, 7, 48, 5, 5, 1, 2),            # F(4x4, 5x5)
     (2, 24, 6, 6, 40, 3, 3, 1, 1),            # channels in AVX2 vectors (multiples of 8)
 ], ids=ids)
