@@ -62,10 +62,10 @@ def keep_freed_memory() -> bool:
     memory there, so that each step's activations reuse the pages of the step before
     instead of the kernel mapping and zeroing fresh ones (page faults: on 2 threads
     several ms per step).  Peak memory is unchanged; the process keeps its peak after
-    a step.  The kernels keep their own scratch memory as before (one block,
-    minidl.set_keep_workspace): given back to malloc after each call, their blocks of
-    tens of MB interleaved with the activations and fragmented the heap (vgg11_bn's
-    peak RSS 315-800 MB by plan and step count against 360-500 kept: bench/NOTES.md).
+    a step.  The kernels still keep their own scratch block (minidl.set_keep_workspace):
+    given back to malloc after each call, blocks of tens of MB interleaved with the
+    activations and fragmented the heap (vgg11_bn's peak RSS 315-800 MB by plan and
+    step count against 360-500 kept: bench/NOTES.md).
     The cpu executor calls it; MINIDL_KEEP_MEMORY=0 leaves malloc alone.
     Returns whether the setting is in force (False off glibc, or where another malloc
     is interposed, such as AddressSanitizer's, which ignores mallopt)."""
