@@ -74,7 +74,8 @@
  * Zen 4, whose L3 feeds a core fast.  On an Intel Xeon (2 MiB of L2 a core, about 26
  * GB/s from L3 over its mesh) the forward and data gradient stream U from L3 too slowly:
  * on Intel's CPUs with AVX-512 (the Xeons since Skylake; the desktop ones without it
- * have a ring to their L3, as fast as Zen 4's, and keep its limits, unmeasured) they
+ * reach their L3 over a ring, likely faster for a core, and keep Zen 4's limits,
+ * unmeasured) they
  * sum in registers while U fits in WINOGRAD_INTEL_L2_EIGHTHS / 8 of the L2, the sums
  * by SGEMMs measuring 0.86x at 64 x 128 channels (U 1.1 MiB), even at 96 x 96 (1.3 MiB),
  * 1.15x at 96 x 128 (1.7 MiB), 1.2-1.5x at 128 x 128, 2.6-3.4x at 256 x 256 (8x8 and
