@@ -228,20 +228,22 @@ static inline gemm_cfg gemm_pick(int64_t M, int64_t N)
     return GEMM_64;
 }
 
+/* A tile's rows and columns for each shape (gemm_launch's template arguments) */
+static inline int64_t gemm_bm(gemm_cfg cfg)
+{
+    return cfg == GEMM_M16 ? 16 : cfg == GEMM_M32 ? 32 : cfg == GEMM_128 ? 128 : 64;
+}
+static inline int64_t gemm_bn(gemm_cfg cfg) { return cfg == GEMM_64 ? 64 : 128; }
+
 /* The tiles' columns along N (the t of row_stats: 0 <= t < this) */
 static inline int64_t gemm_tiles_n(int64_t M, int64_t N)
 {
-    return cdiv(N, gemm_pick(M, N) == GEMM_64 ? 64 : 128);
+    return cdiv(N, gemm_bn(gemm_pick(M, N)));
 }
 
 static inline int64_t gemm_tiles(gemm_cfg cfg, int64_t M, int64_t N)
 {
-    switch (cfg) {
-    case GEMM_M16: return cdiv(N, 128);
-    case GEMM_M32: return cdiv(M, 32) * cdiv(N, 128);
-    case GEMM_128: return cdiv(M, 128) * cdiv(N, 128);
-    default: return cdiv(M, 64) * cdiv(N, 64);
-    }
+    return cdiv(M, gemm_bm(cfg)) * cdiv(N, gemm_bn(cfg));
 }
 
 /* Split-K for a GEMM with few output tiles and a long k (convolution weight
