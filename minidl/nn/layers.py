@@ -355,10 +355,10 @@ class BatchNorm2d(Layer):
         if "from-sums" not in tags or stats is None:
             return super().forward_fused(xs, tags, seed, stats)
         x, b = xs[0], self.buffers
-        mean, invstd, scale, shift = ops.batch_norm_stats(
+        mean, invstd, scale, shift = ops._batch_norm_stats(
             stats[0], stats[1], x.size // x.shape[1], self.params["weight"].data,
-            self.params["bias"].data, running_mean=b["running_mean"],
-            running_var=b["running_var"], momentum=self.momentum, eps=self.eps)
+            self.params["bias"].data, b["running_mean"], b["running_var"], self.momentum,
+            self.eps)
         b["num_batches_tracked"] += 1
         if "reconstructed" in tags and self._reconstructible():
             # the Add that reads it does this backward, from its sum: x is not kept
