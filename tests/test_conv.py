@@ -54,8 +54,8 @@ CASES = [
     (1, 3, 7, 45, 4, 3, 3, 2, 2),             # rows split 16 columns at a time: a tail of 13
     (2, 2, 6, 19, 3, 3, 3, 2, 0),             # no padding: even columns to plane 0, odd to 1
     (1, 3, 6, 33, 4, 3, 3, 2, 0),             # odd width, no padding, 16 outputs a row
-    (1, 2, 7, 31, 3, 5, 5, 2, 2),             # odd width, padding 2: 2 and 1 zeros before
-    (1, 3, 5, 64, 4, 3, 3, 2, 1),             # plane rows of 33: 16 + 16 + 1 pixels
+    (1, 2, 7, 31, 3, 5, 5, 2, 2),             # odd width, padding 2: a zero before each plane
+    (1, 3, 5, 64, 4, 3, 3, 2, 1),             # plane rows of 33: 32 pixels and a zero
     # strided dx by phases (data_phases_of): one GEMM per phase of the input pixels
     (2, 16, 32, 32, 32, 3, 3, 2, 1),          # resnet20's layer2.0.conv1: phases 16 wide
     (2, 16, 32, 32, 32, 1, 1, 2, 0),          # its downsample: three phases without taps
