@@ -75,11 +75,11 @@
  * GB/s from L3 over its mesh) the forward and data gradient stream U from L3 too slowly:
  * on Intel's CPUs with AVX-512 (the Xeons since Skylake; the desktop ones without it
  * reach their L3 over a ring, likely faster for a core, and keep Zen 4's limits,
- * unmeasured) they
- * sum in registers while U fits in WINOGRAD_INTEL_L2_EIGHTHS / 8 of the L2, the sums
- * by SGEMMs measuring 0.86x at 64 x 128 channels (U 1.1 MiB), even at 96 x 96 (1.3 MiB),
- * 1.15x at 96 x 128 (1.7 MiB), 1.2-1.5x at 128 x 128, 2.6-3.4x at 256 x 256 (8x8 and
- * 16x16; 5x5 the same by U's size); its weight gradient keeps the limit above. */
+ * unmeasured) they sum in registers while U fits in WINOGRAD_INTEL_L2_EIGHTHS / 8 of
+ * the L2, the sums by SGEMMs measuring 0.86x at 64 x 128 channels (U 1.1 MiB), even at
+ * 96 x 96 (1.3 MiB), 1.15x at 96 x 128 (1.7 MiB), 1.2-1.5x at 128 x 128, 2.6-3.4x at
+ * 256 x 256 (8x8 and 16x16; 5x5 the same by U's size); its weight gradient keeps the
+ * limit above. */
 #define WINOGRAD_CHANNELS_MAX_CC (128 * 256)
 #define WINOGRAD_CHANNELS_WIDE_MAX_CC (256 * 256)
 #define WINOGRAD_WIDE_MIN_WO 8
