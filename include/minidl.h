@@ -309,10 +309,22 @@ MDL_API mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, cons
  * window's unclipped top-left corner (n, c, h_out, w_out bytes; windows of at most
  * 256 elements), so that the backward needs the taps (1 byte per output) instead of
  * x.  The backward overwrites dx with the scatter of dy to the taps, the same sums
- * as mdl_max_pool2d_backward(_fused); a tap outside its window's part inside the
- * input is an error. */
+ * as mdl_max_pool2d_backward(_fused); MDL_POOL_NO_TAP in a window of fewer than 256
+ * elements sends nothing, any other tap outside its window's part inside the input is
+ * an error. */
 MDL_API mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                                  const mdl_affine *in, float *y, uint8_t *tap);
+/* The tap of an output that passes no gradient back (mdl_max_pool2d_forward_argmax_relu);
+ * in windows of fewer than 256 elements no position has it. */
+#define MDL_POOL_NO_TAP 255
+/* mdl_max_pool2d_forward_argmax followed by a ReLU, in the same pass: y = 0 where the
+ * window's maximum is below 0 (as mdl_relu_forward), and where it is not above 0 (0,
+ * -0 or NaN) the tap is MDL_POOL_NO_TAP, so that mdl_max_pool2d_backward_argmax gives
+ * the gradient of max(max_pool(x), 0), the ReLU's mask included.  Windows of at most
+ * 255 elements. */
+MDL_API mdl_status mdl_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s,
+                                                      const float *x, const mdl_affine *in,
+                                                      float *y, uint8_t *tap);
 MDL_API mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
                                                   const float *dy, float *dx);
 /* Mean over each window counting padding (count_include_pad=True). */

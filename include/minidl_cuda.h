@@ -228,8 +228,15 @@ MDL_API mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s,
 MDL_API mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                                       const mdl_affine *in, float *y,
                                                       uint8_t *tap, mdl_cuda_stream stream);
-/* dx overwritten; each dy goes to the element its tap names (no x read).  The taps must
- * come from mdl_cuda_max_pool2d_forward_argmax with the same shape. */
+/* The same followed by a ReLU (mdl_max_pool2d_forward_argmax_relu: MDL_POOL_NO_TAP where
+ * the maximum is not above 0; windows of at most 255 elements). */
+MDL_API mdl_status mdl_cuda_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s,
+                                                           const float *x, const mdl_affine *in,
+                                                           float *y, uint8_t *tap,
+                                                           mdl_cuda_stream stream);
+/* dx overwritten; each dy goes to the element its tap names (no x read), MDL_POOL_NO_TAP
+ * to none.  The taps must come from mdl_cuda_max_pool2d_forward_argmax(_relu) with the
+ * same shape. */
 MDL_API mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s,
                                                        const uint8_t *tap, const float *dy,
                                                        float *dx, mdl_cuda_stream stream);

@@ -401,7 +401,8 @@ def max_pool2d_backward_fused(tuple shape, x, in_scale, in_shift, bint in_relu, 
     check(st)
 
 
-def max_pool2d_forward_argmax(tuple shape, x, in_scale, in_shift, bint in_relu, y, tap):
+def max_pool2d_forward_argmax(tuple shape, x, in_scale, in_shift, bint in_relu, y, tap,
+                              bint relu=False):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_affine f
     cdef const mdl_affine *fp = affine(&f, in_scale, in_shift, in_relu)
@@ -410,7 +411,10 @@ def max_pool2d_forward_argmax(tuple shape, x, in_scale, in_shift, bint in_relu, 
     cdef const float *c_x = cptr(x)
     cdef float *m_y = mptr(y)
     with nogil:
-        st = mdl_max_pool2d_forward_argmax(&ps, c_x, fp, m_y, tp)
+        if relu:
+            st = mdl_max_pool2d_forward_argmax_relu(&ps, c_x, fp, m_y, tp)
+        else:
+            st = mdl_max_pool2d_forward_argmax(&ps, c_x, fp, m_y, tp)
     check(st)
 
 

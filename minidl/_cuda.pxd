@@ -79,6 +79,10 @@ cdef extern from "minidl_cuda.h" nogil:
     mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                                   const mdl_affine *in_, float *y, uint8_t *tap,
                                                   mdl_cuda_stream stream)
+    mdl_status mdl_cuda_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s,
+                                                       const float *x, const mdl_affine *in_,
+                                                       float *y, uint8_t *tap,
+                                                       mdl_cuda_stream stream)
     mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,
                                                    const float *dy, float *dx,
                                                    mdl_cuda_stream stream)

@@ -291,14 +291,19 @@ def max_pool2d_backward_fused(tuple shape, uintptr_t x, uintptr_t in_scale, uint
 
 
 def max_pool2d_forward_argmax(tuple shape, uintptr_t x, uintptr_t in_scale, uintptr_t in_shift,
-                              bint in_relu, uintptr_t y, uintptr_t tap, uintptr_t stream=0):
+                              bint in_relu, uintptr_t y, uintptr_t tap, bint relu=False,
+                              uintptr_t stream=0):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_affine m
     cdef const mdl_affine *fin = affine(&m, in_scale, in_shift, in_relu)
     cdef mdl_status st
     with nogil:
-        st = mdl_cuda_max_pool2d_forward_argmax(&ps, cptr(x), fin, mptr(y), <uint8_t *>tap,
-                                                sptr(stream))
+        if relu:
+            st = mdl_cuda_max_pool2d_forward_argmax_relu(&ps, cptr(x), fin, mptr(y),
+                                                         <uint8_t *>tap, sptr(stream))
+        else:
+            st = mdl_cuda_max_pool2d_forward_argmax(&ps, cptr(x), fin, mptr(y), <uint8_t *>tap,
+                                                    sptr(stream))
     check(st)
 
 

@@ -493,25 +493,33 @@ def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
 MAX_POOL_TAPS = 256  # a max pooling window's tap is one byte
 
 
+NO_TAP = 255  # the tap of an output that passes no gradient back (relu=True)
+
+
 def max_pool2d_argmax(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
                       padding: IntPair = 0, ceil_mode: bool = False,
                       x_scale: Optional[np.ndarray] = None, x_shift: Optional[np.ndarray] = None,
-                      x_relu: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+                      x_relu: bool = False, relu: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """(y, tap): max_pool2d(x, ...) and, per output, the position of its window's
     maximum as ky * kw + kx from the window's top-left corner (padding included), uint8
     (N, C, H_out, W_out), which is all max_pool2d_backward_argmax needs (1 byte per
-    output instead of x).  Windows of at most 256 elements.  Arguments as max_pool2d."""
+    output instead of x).  Windows of at most 256 elements.  Arguments as max_pool2d.
+    relu: y = relu(max_pool2d(x, ...)) in the same pass, and the tap NO_TAP where y is
+    not above 0, so that the backward from the taps is that of both (the ReLU's mask
+    included); windows of at most 255 elements then."""
     x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
-    if shape[4] * shape[5] > MAX_POOL_TAPS:
+    taps = MAX_POOL_TAPS - 1 if relu else MAX_POOL_TAPS
+    if shape[4] * shape[5] > taps:
         raise ValueError(f"a window of {shape[4]} x {shape[5]} elements has more than "
-                         f"{MAX_POOL_TAPS} taps: its tap does not fit a byte (use max_pool2d)")
+                         f"{taps} taps: its tap does not fit a byte"
+                         f"{' beside NO_TAP' if relu else ''} (use max_pool2d)")
     x_scale, x_shift = _input_map(x, x_scale, x_shift)
     k = _kernels(x=x, x_scale=x_scale, x_shift=x_shift)
     y = _empty(x, x.shape[:2] + (ho, wo))
     tap = _empty(x, y.shape, np.uint8)
     if y.size:
         k.max_pool2d_forward_argmax(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu),
-                                    y.reshape(-1), tap.reshape(-1))
+                                    y.reshape(-1), tap.reshape(-1), bool(relu))
     return y, tap
 
 
@@ -519,7 +527,8 @@ def max_pool2d_backward_argmax(tap: np.ndarray, dy: np.ndarray, x_shape: Tuple[i
                                kernel_size: IntPair, *, stride: Optional[IntPair] = None,
                                padding: IntPair = 0, ceil_mode: bool = False) -> np.ndarray:
     """dx (x_shape) for max_pool2d_argmax(x, ...) from its taps: dy goes to each window's
-    maximum, summed where windows overlap, the same sums as max_pool2d_backward."""
+    maximum, summed where windows overlap, the same sums as max_pool2d_backward (with
+    relu=True, as max_pool2d_backward of relu_backward's dy); NO_TAP sends nothing."""
     x_shape, shape, (ho, wo) = _pool_args(tuple(x_shape), kernel_size, stride, padding,
                                           ceil_mode)
     n, c = shape[0], shape[1]

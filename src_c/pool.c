@@ -262,11 +262,24 @@ static mdl_status check_taps(const char *fn, const mdl_pool_geom *g)
     return MDL_OK;
 }
 
+/* y = max(y, 0) over count outputs as mdl_relu_forward, and MDL_POOL_NO_TAP where y is
+ * not above 0 (the ReLU passes no gradient there) */
+static void relu_taps(float *y, uint8_t *tap, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++) {
+        const int pass = y[i] > 0.0f;
+        y[i] = y[i] < 0.0f ? 0.0f : y[i];
+        tap[i] = pass ? tap[i] : MDL_POOL_NO_TAP;
+    }
+}
+
 /* Max pooling, forward or backward (back), of x read through the map `in` (NULL: x
  * itself): with a map, each thread reads its planes through it into a plane of its own
- * and pools that.  A forward with tap (not NULL) also records each maximum's tap. */
+ * and pools that.  A forward with tap (not NULL) also records each maximum's tap, and
+ * with relu applies a ReLU to its outputs (relu_taps). */
 static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, const float *x,
-                           const mdl_affine *in, const float *dy, float *out, uint8_t *tap)
+                           const mdl_affine *in, const float *dy, float *out, uint8_t *tap,
+                           int relu)
 {
     mdl_pool_geom g;
     mdl_status st = mdl_pool_geometry(fn, s, &g);
@@ -279,6 +292,9 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
         MDL_CHECK((x) != NULL && (out) != NULL, "%s: x and y must not be NULL", fn);
     }
     if (tap && (st = check_taps(fn, &g)) != MDL_OK) return st;
+    MDL_CHECK(!relu || g.kh * g.kw < MAX_TAPS, "%s: a window of %lld x %lld elements leaves "
+              "no tap free for MDL_POOL_NO_TAP (at most %d elements)", fn, (long long)g.kh,
+              (long long)g.kw, MAX_TAPS - 1);
     const int64_t planes = s->n * s->c, hw = g.h * g.w, ohw = g.ho * g.wo;
     const int avx2 = mdl_use_avx2() && g.vec_ok;
     const plane_fn max_plane = max_plane_kernel(&g);
@@ -320,6 +336,7 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
             }
             if (tap) {
                 max_tap_plane(gq, xp, out + p * ohw, tap + p * ohw);
+                if (relu) relu_taps(out + p * ohw, tap + p * ohw, gq->h / g.h * ohw);
             } else if (!back) {
                 max_plane(gq, xp, out + p * ohw);
             } else if (avx2) {
@@ -335,25 +352,25 @@ static mdl_status max_pool(const char *fn, int back, const mdl_pool2d_shape *s, 
 
 mdl_status mdl_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
 {
-    return max_pool(__func__, 0, s, x, NULL, NULL, y, NULL);
+    return max_pool(__func__, 0, s, x, NULL, NULL, y, NULL, 0);
 }
 
 mdl_status mdl_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x, const float *dy,
                                    float *dx)
 {
-    return max_pool(__func__, 1, s, x, NULL, dy, dx, NULL);
+    return max_pool(__func__, 1, s, x, NULL, dy, dx, NULL, 0);
 }
 
 mdl_status mdl_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const float *x,
                                         const mdl_affine *in, float *y)
 {
-    return max_pool(__func__, 0, s, x, in, NULL, y, NULL);
+    return max_pool(__func__, 0, s, x, in, NULL, y, NULL, 0);
 }
 
 mdl_status mdl_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
                                          const mdl_affine *in, const float *dy, float *dx)
 {
-    return max_pool(__func__, 1, s, x, in, dy, dx, NULL);
+    return max_pool(__func__, 1, s, x, in, dy, dx, NULL, 0);
 }
 
 mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
@@ -361,13 +378,22 @@ mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float 
 {
     const char *fn = __func__;
     MDL_CHECK(tap != NULL, "%s: tap must not be NULL", fn);
-    return max_pool(fn, 0, s, x, in, NULL, y, tap);
+    return max_pool(fn, 0, s, x, in, NULL, y, tap, 0);
+}
+
+mdl_status mdl_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s, const float *x,
+                                              const mdl_affine *in, float *y, uint8_t *tap)
+{
+    const char *fn = __func__;
+    MDL_CHECK(tap != NULL, "%s: tap must not be NULL", fn);
+    return max_pool(fn, 0, s, x, in, NULL, y, tap, 1);
 }
 
 /* dx of one plane from the taps: each window's dy added at its tap, windows in order
  * (the scatter order of mdl_max_pool_back_plane_scalar, so the sums are the same);
- * to_row / to_col: a tap's offsets in its window.  0, or 1 for a tap outside the
- * window's in-bounds part. */
+ * to_row / to_col: a tap's offsets in its window.  MDL_POOL_NO_TAP (in windows of fewer
+ * than 256 elements) adds nothing.  0, or 1 for a tap outside the window's in-bounds
+ * part. */
 static int max_pool_back_taps(const mdl_pool_geom *g, const uint8_t *tap, const float *dy,
                               float *dx, const int64_t *to_row, const int64_t *to_col)
 {
@@ -377,6 +403,7 @@ static int max_pool_back_taps(const mdl_pool_geom *g, const uint8_t *tap, const 
         const int64_t r0 = oh * g->sh - g->ph;
         for (int64_t ow = 0; ow < g->wo; ow++) {
             const int64_t t = tap[oh * g->wo + ow];
+            if (t == MDL_POOL_NO_TAP && taps < MAX_TAPS) continue;
             if (t >= taps) return 1;
             const int64_t r = r0 + to_row[t], c = ow * g->sw - g->pw + to_col[t];
             if (r < 0 || r >= g->h || c < 0 || c >= g->w) return 1;

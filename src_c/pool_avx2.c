@@ -602,19 +602,27 @@ int mdl_max_pool_back_taps_k3s2_avx2(const mdl_pool_geom *g, const uint8_t *tap,
                                      float *dx)
 {
     const int64_t h = g->h, w = g->w, ho = g->ho, wo = g->wo, ohw = ho * wo, ne = (w + 1) / 2;
-    /* the reference's check: taps below 9, and inside the input at the last row and column */
-    __m128i most = _mm_set1_epi8(8); /* the largest tap, at least 8 */
+    /* the reference's check: taps below 9, and inside the input at the last row and
+     * column; MDL_POOL_NO_TAP matches no tap below and adds nothing */
+    const __m128i none = _mm_set1_epi8((char)MDL_POOL_NO_TAP);
+    __m128i most = _mm_set1_epi8(8); /* the largest tap other than none, at least 8 */
     int64_t k = 0;
-    for (; k + 16 <= ohw; k += 16)
-        most = _mm_max_epu8(most, _mm_loadu_si128((const __m128i *)(tap + k)));
+    for (; k + 16 <= ohw; k += 16) {
+        const __m128i t = _mm_loadu_si128((const __m128i *)(tap + k));
+        most = _mm_max_epu8(most, _mm_andnot_si128(_mm_cmpeq_epi8(t, none), t));
+    }
     if (_mm_movemask_epi8(_mm_cmpeq_epi8(most, _mm_set1_epi8(8))) != 0xFFFF) return 1;
     for (; k < ohw; k++)
-        if (tap[k] >= 9) return 1;
+        if (tap[k] >= 9 && tap[k] != MDL_POOL_NO_TAP) return 1;
     const int64_t last_rows = h - 2 * (ho - 1), last_cols = w - 2 * (wo - 1);
-    for (int64_t ow = 0; last_rows < 3 && ow < wo; ow++)
-        if (tap[(ho - 1) * wo + ow] / 3 >= last_rows) return 1;
-    for (int64_t oh = 0; last_cols < 3 && oh < ho; oh++)
-        if (tap[oh * wo + wo - 1] % 3 >= last_cols) return 1;
+    for (int64_t ow = 0; last_rows < 3 && ow < wo; ow++) {
+        const int t = tap[(ho - 1) * wo + ow];
+        if (t != MDL_POOL_NO_TAP && t / 3 >= last_rows) return 1;
+    }
+    for (int64_t oh = 0; last_cols < 3 && oh < ho; oh++) {
+        const int t = tap[oh * wo + wo - 1];
+        if (t != MDL_POOL_NO_TAP && t % 3 >= last_cols) return 1;
+    }
     /* output row oh gives rows 2 oh (its first window row, after the third of oh - 1, kept
      * in pend), 2 oh + 1 and, through pend, 2 oh + 2; the rows past them are zero */
     __m256 pend[K3S2_GROUPS][2];

@@ -69,10 +69,11 @@ __device__ __forceinline__ void containing(int i, int stride, int pad, int k, in
 
 /* y (planes, ho, wo) = max over each window of x (planes, h, w); FUSED: of in(x).  tap
  * (not NULL): each maximum's tap, ky * kw + kx from the window's unclipped top-left
- * corner (oh*sh - ph, ow*sw - pw) */
+ * corner (oh*sh - ph, ow*sw - pw).  relu: y = max(y, 0) as relu_fwd, and the tap
+ * MDL_POOL_NO_TAP where the maximum is not above 0 (no gradient passes) */
 template <bool FUSED>
 __global__ void max_pool_fwd(pool_geom g, const float *x, float *y, uint8_t *tap,
-                             mdl_input_map<FUSED> in)
+                             mdl_input_map<FUSED> in, bool relu)
 {
     const int64_t total = g.planes * g.ho * g.wo;
     for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < total;
@@ -85,10 +86,12 @@ __global__ void max_pool_fwd(pool_geom g, const float *x, float *y, uint8_t *tap
         float m;
         const int best = window_argmax<FUSED>(x + pl * g.h * g.w, g.w, hs, he, ws, we, in,
                                               pl % g.c, m);
-        y[o] = m;
+        y[o] = relu && m < 0.0f ? 0.0f : m;
         if (tap) {
             const int bh = best / g.w, bw = best - bh * g.w;
-            tap[o] = (uint8_t)((bh - (oh * g.sh - g.ph)) * g.kw + bw - (ow * g.sw - g.pw));
+            tap[o] = relu && !(m > 0.0f)
+                         ? (uint8_t)MDL_POOL_NO_TAP
+                         : (uint8_t)((bh - (oh * g.sh - g.ph)) * g.kw + bw - (ow * g.sw - g.pw));
         }
     }
 }
@@ -128,7 +131,7 @@ __global__ void max_pool_bwd(pool_geom g, const float *x, const float *dy, float
 
 /* dx (planes, h, w) = sum of dy over the windows whose tap (max_pool_fwd) is this
  * element, in row-major window order; a tap that names no element of the plane (a
- * padding position, or >= kh * kw) matches no thread and is dropped */
+ * padding position, or >= kh * kw: MDL_POOL_NO_TAP) matches no thread and is dropped */
 __global__ void max_pool_bwd_tap(pool_geom g, const uint8_t *tap, const float *dy, float *dx)
 {
     const int64_t total = g.planes * g.h * g.w;
@@ -270,7 +273,7 @@ mdl_status mdl_cuda_pool2d_output_size(const mdl_pool2d_shape *s, int64_t *h_out
 /* in: the map x is read through (NULL: x as it is); tap: where the maxima's taps go
  * (NULL: not recorded) */
 static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const float *x,
-                              const mdl_affine *in, float *y, uint8_t *tap,
+                              const mdl_affine *in, float *y, uint8_t *tap, bool relu,
                               mdl_cuda_stream stream)
 {
     pool_geom g;
@@ -279,11 +282,16 @@ static mdl_status max_forward(const char *fn, const mdl_pool2d_shape *s, const f
     MDL_CHECK_AFFINE(fn, in, "in");
     CHECK_PTRS2(x, y);
     if (tap) CHECK_TAPS(g.kh, g.kw);
+    MDL_CHECK(!relu || (int64_t)g.kh * g.kw < MAX_TAPS, "%s: a window of %lld x %lld elements "
+              "leaves no tap free for MDL_POOL_NO_TAP (at most %d elements)", fn,
+              (long long)g.kh, (long long)g.kw, MAX_TAPS - 1);
     const unsigned blocks = mdl_ew_blocks(g.planes * g.ho * g.wo);
     if (in && (in->scale || in->relu)) /* otherwise the identity: plain */
-        max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_affine_of(in));
+        max_pool_fwd<true><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_affine_of(in),
+                                                                 relu);
     else
-        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_no_affine{});
+        max_pool_fwd<false><<<blocks, MDL_EW_THREADS, 0, stream>>>(g, x, y, tap, mdl_no_affine{},
+                                                                  relu);
     return mdl_cuda_launched(fn);
 }
 
@@ -310,7 +318,7 @@ static mdl_status max_backward(const char *fn, const mdl_pool2d_shape *s, const 
 mdl_status mdl_cuda_max_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y,
                                        mdl_cuda_stream stream)
 {
-    return max_forward(__func__, s, x, NULL, y, NULL, stream);
+    return max_forward(__func__, s, x, NULL, y, NULL, false, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward(const mdl_pool2d_shape *s, const float *x,
@@ -323,7 +331,7 @@ mdl_status mdl_cuda_max_pool2d_forward_fused(const mdl_pool2d_shape *s, const fl
                                              const mdl_affine *in, float *y,
                                              mdl_cuda_stream stream)
 {
-    return max_forward(__func__, s, x, in, y, NULL, stream);
+    return max_forward(__func__, s, x, in, y, NULL, false, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward_fused(const mdl_pool2d_shape *s, const float *x,
@@ -339,7 +347,16 @@ mdl_status mdl_cuda_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const f
 {
     const char *fn = __func__;
     MDL_CHECK_PTR_FN(fn, tap);
-    return max_forward(fn, s, x, in, y, tap, stream);
+    return max_forward(fn, s, x, in, y, tap, false, stream);
+}
+
+mdl_status mdl_cuda_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s, const float *x,
+                                                   const mdl_affine *in, float *y, uint8_t *tap,
+                                                   mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    MDL_CHECK_PTR_FN(fn, tap);
+    return max_forward(fn, s, x, in, y, tap, true, stream);
 }
 
 mdl_status mdl_cuda_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,

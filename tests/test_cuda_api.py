@@ -137,6 +137,9 @@ BAD = [  # (name, _C's arguments, _cuda's arguments)
     ("max_pool2d_forward_argmax",  # a 17 x 17 window: 289 taps do not fit a byte
      ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), f32, None, None, False, f32, u8),
      ((1, 1, 17, 17, 17, 17, 1, 1, 0, 0, 0), ADDR, 0, 0, False, ADDR, ADDR)),
+    ("max_pool2d_forward_argmax",  # a ReLU after a 16 x 16 window: no tap left for NO_TAP
+     ((1, 1, 16, 16, 16, 16, 1, 1, 0, 0, 0), f32, None, None, False, f32, u8, True),
+     ((1, 1, 16, 16, 16, 16, 1, 1, 0, 0, 0), ADDR, 0, 0, False, ADDR, ADDR, True)),
     ("max_pool2d_forward_argmax",  # tap NULL
      ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), f32, None, None, True, f32, None),
      ((1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0), ADDR, 0, 0, True, ADDR, 0)),

@@ -661,13 +661,15 @@ def test_max_pool2d_fused_nan(gpu, rng, kind):
 ARGMAX_POOL_SHAPES = POOL_SHAPES + [(2, 3, 18, 17, 16, (1, 2), (8, 7), False)]
 
 
-def max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy):
-    """_C's y and taps of x read through the map, and its dx from those taps."""
+def max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy, relu=False):
+    """_C's y and taps of x read through the map (a ReLU after the pool with relu), and
+    its dx from those taps."""
     n, c = x.shape[:2]
     ho, wo = _C.pool2d_output_size(shape)
     y, tap = np.empty((n, c, ho, wo), np.float32), np.empty((n, c, ho, wo), np.uint8)
     dx = np.empty_like(x)
-    _C.max_pool2d_forward_argmax(shape, x.ravel(), scale, shift, in_relu, y.ravel(), tap.ravel())
+    _C.max_pool2d_forward_argmax(shape, x.ravel(), scale, shift, in_relu, y.ravel(), tap.ravel(),
+                                 relu)
     _C.max_pool2d_backward_argmax(shape, tap.ravel(), dy.ravel(), dx.ravel())
     return y, tap, dx
 
@@ -693,6 +695,29 @@ def test_max_pool2d_argmax(gpu, rng, case, ties):
     check(got_dx, want_dx, "exact", "dx")
     run(cuda.max_pool2d_backward, shape, px, pdy, pdz)
     check(got_dx, gpu.down(pdz, x.shape), "exact", "dx against the backward from x")
+
+
+@pytest.mark.parametrize("case", POOL_SHAPES)
+@pytest.mark.parametrize("kind", ["none", "affine"])
+def test_max_pool2d_argmax_relu(gpu, rng, case, kind):
+    """A ReLU after the pool: y, the taps (NO_TAP where y is not above 0, a NaN's window
+    included) and dx from the taps bit for bit _C's."""
+    shape, (ho, wo), _ = pool_case(*case)
+    n, c, h, w = case[:4]
+    x, dy = f32(rng, n, c, h, w) - 0.7, f32(rng, n, c, ho, wo)
+    x[0, 0] = -np.abs(x[0, 0])
+    x.reshape(-1)[-1] = np.nan
+    scale, shift, in_relu = affine_map(rng, kind, c)
+    want_y, want_tap, want_dx = max_pool_argmax_cpu(shape, x, scale, shift, in_relu, dy, True)
+    assert (want_tap == 255).any()
+    py, ptap = gpu.empty(want_y.shape), gpu.empty(want_tap.shape, np.uint8, fill=0)
+    run(cuda.max_pool2d_forward_argmax, shape, gpu.up(x), dev(gpu, scale), dev(gpu, shift),
+        in_relu, py, ptap, True)
+    np.testing.assert_array_equal(gpu.down(py, want_y.shape), want_y)
+    np.testing.assert_array_equal(gpu.down(ptap, want_tap.shape, np.uint8), want_tap)
+    pdx = gpu.empty(x.shape)
+    run(cuda.max_pool2d_backward_argmax, shape, ptap, gpu.up(dy), pdx)
+    check(gpu.down(pdx, x.shape), want_dx, "exact", "dx")
 
 
 @pytest.mark.parametrize("case", FUSED_POOL_SHAPES)

@@ -342,9 +342,13 @@ def test_fusion_pass_keeps_a_max_pools_taps_where_its_input_is_not_kept():
     convolution output the BatchNorm's backward keeps anyway: no taps."""
     net = models.build("cifar10_quick", seed=None)
     tags = fusion(net)
-    assert tags["pool1"] == ["keeps-taps"]
+    assert tags["pool1"] == ["keeps-taps", "applies-relu"]
+    assert tags["relu1"] == ["absorbed", "in-taps"]  # its mask in the pool's taps
     fused, plain = make_plan(net, 100), make_plan(net, 100, fuse=False)
     assert fused.step("pool1").kept == [] and plain.step("pool1").kept == ["conv1"]
+    assert fused.step("relu1").kept == [] and plain.step("relu1").kept == ["relu1"]
+    assert fused.step("relu1").bytes_forward == fused.step("relu1").bytes_backward == 0
+    assert fused.step("relu1").grad_view and fused.step("conv2").kept == ["pool1"]
     assert fused.step("pool1").saved_bytes == 100 * 32 * 16 * 16
     assert fused.memory["kept_activations"] == \
         plain.memory["kept_activations"] - 100 * 32 * 32 * 32 * 4 + 100 * 32 * 16 * 16
@@ -552,11 +556,12 @@ def test_fused_vgg_trains_like_the_plain_plan():
 @pytest.mark.parametrize("device", ["cpu", "sim", pytest.param(
     "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
 def test_max_pool_taps_train_as_the_plain_plan(device):
-    """cifar10_quick (no BatchNorm): the same gradients and parameters as the plain
-    plan on the same device, bit for bit, over 3 steps."""
+    """cifar10_quick (no BatchNorm; the ReLU after pool1 applied by it, its mask in the
+    taps): the same gradients and parameters as the plain plan on the same device, bit
+    for bit, over 3 steps."""
     plain, g_plain, _ = _train("cifar10_quick", device, False, 8, 3)
     fused, g_fused, ex = _train("cifar10_quick", device, True, 8, 3)
-    assert ex.plan.step("pool1").fused == ["keeps-taps"]
+    assert ex.plan.step("pool1").fused == ["keeps-taps", "applies-relu"]
     for k in g_plain:
         np.testing.assert_array_equal(g_fused[k], g_plain[k], err_msg=k)
     for k in plain:

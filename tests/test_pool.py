@@ -231,10 +231,63 @@ def test_max_pool_taps_through_a_map(simd, rng, case):
                                   ops.max_pool2d_backward(x, dy, k, **_kw(case), **m))
 
 
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_max_pool_taps_with_relu(simd, rng, case):
+    """relu=True: the values of relu(max_pool2d(x)) and the taps of max_pool2d_argmax
+    except NO_TAP where the output is not above 0 (0, -0, NaN); the backward from those
+    taps is max_pool2d_backward of relu_backward's dy, bit for bit (a window of
+    negatives, of zeros and one with a NaN included)."""
+    n, c, h, w, k, s, p, ceil = case
+    x = _distinct(rng, n, c, h, w)
+    x -= np.float32(np.quantile(x, 0.8))  # many windows' maxima below 0
+    x[:, 0] = -np.abs(x[:, 0])            # every window of channel 0 at or below 0
+    x.reshape(-1)[::7] = np.float32(-0.0)
+    if x.size > 4:
+        x.reshape(-1)[3] = np.nan
+    y, tap = ops.max_pool2d_argmax(x, k, **_kw(case), relu=True)
+    pooled, want_tap = ops.max_pool2d_argmax(x, k, **_kw(case))
+    np.testing.assert_array_equal(y, ops.relu(pooled))
+    np.testing.assert_array_equal(tap, np.where(y > 0, want_tap, ops.NO_TAP))
+    assert (tap[:, 0] == ops.NO_TAP).all()
+    dy = _small_ints(rng, *y.shape)
+    np.testing.assert_array_equal(
+        ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **_kw(case)),
+        ops.max_pool2d_backward(x, ops.relu_backward(y, dy), k, **_kw(case)))
+
+
+def test_max_pool_taps_with_relu_through_a_map(simd, rng):
+    """A map and a ReLU after the pool: relu(max_pool2d of the mapped input)."""
+    case = CASES[6]
+    n, c, h, w, k, s, p, ceil = case
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    m = dict(x_scale=rng.standard_normal(c).astype(np.float32),
+             x_shift=rng.standard_normal(c).astype(np.float32) - 1, x_relu=False)
+    y, tap = ops.max_pool2d_argmax(x, k, **_kw(case), **m, relu=True)
+    np.testing.assert_array_equal(y, ops.relu(ops.max_pool2d(x, k, **_kw(case), **m)))
+    assert (tap == ops.NO_TAP).any() and (tap != ops.NO_TAP).any()
+    dy = _small_ints(rng, *y.shape)
+    np.testing.assert_array_equal(
+        ops.max_pool2d_backward_argmax(tap, dy, x.shape, k, **_kw(case)),
+        ops.max_pool2d_backward(x, ops.relu_backward(y, dy), k, **_kw(case), **m))
+
+
 def test_max_pool_taps_bad_input(rng):
     x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
     with pytest.raises(ValueError, match="more than 256 taps"):
         ops.max_pool2d_argmax(np.zeros((1, 1, 20, 20), np.float32), 17, stride=1)
+    with pytest.raises(ValueError, match="more than 255 taps"):  # all 256 taps are positions
+        ops.max_pool2d_argmax(np.zeros((1, 1, 20, 20), np.float32), 16, stride=1, relu=True)
+    with pytest.raises(ValueError, match="leaves no tap free"):
+        _C.max_pool2d_forward_argmax((1, 1, 16, 16, 16, 16, 1, 1, 0, 0, 0),
+                                     np.zeros(256, np.float32), None, None, False,
+                                     np.zeros(1, np.float32), np.zeros(1, np.uint8), True)
+    # a window of 256 elements has no NO_TAP: 255 is its last position
+    x16 = np.arange(256, dtype=np.float32).reshape(1, 1, 16, 16)
+    y, tap = ops.max_pool2d_argmax(x16, 16)
+    assert tap[0, 0, 0, 0] == 255
+    np.testing.assert_array_equal(ops.max_pool2d_backward_argmax(tap, np.ones_like(y), x16.shape,
+                                                                 16),
+                                  ops.max_pool2d_backward(x16, np.ones_like(y), 16))
     y, tap = ops.max_pool2d_argmax(x, 3, stride=2)
     dy = np.ones_like(y)
     with pytest.raises(ValueError, match="tap must be uint8 of shape"):

@@ -477,17 +477,18 @@ class ReLU(Layer):
     def forward_fused(self, xs, tags, seed=0, stats=None):
         """"mapped": the Mapped input with the ReLU added to its map (its BatchNorm's
         backward masks), or the input (an Add's sum) as a Mapped ReLU (the Add's backward
-        masks), saved None; "absorbed": the input, already max(., 0)."""
+        masks), saved None; "absorbed": the input, already max(., 0), saved None with
+        "in-taps" (the max pool's taps hold the mask)."""
         x = xs[0]
         if "mapped" in tags:
             return (Mapped(x.x, x.scale, x.shift, relu=True) if isinstance(x, Mapped)
                     else Mapped(x, relu=True)), None, None
         if "absorbed" in tags:
-            return x, x, None
+            return x, (None if "in-taps" in tags else x), None
         return super().forward_fused(xs, tags, seed, stats)
 
     def backward(self, dy, saved, need_dx=True):
-        if saved is None:  # mapped: the BatchNorm before it applies the mask
+        if saved is None:  # mapped or in-taps: the layer before it applies the mask
             return [dy]
         return [ops.relu_backward(saved, dy)]  # y > 0 exactly where x > 0
 
@@ -520,19 +521,22 @@ class MaxPool2d(_Pool2d):
     saves = ("in",)
     _op = staticmethod(ops.max_pool2d)
 
-    def taps_fit(self) -> bool:
-        """Whether a window's tap fits a byte (ops.max_pool2d_argmax)."""
-        return self.kernel_size[0] * self.kernel_size[1] <= ops.MAX_POOL_TAPS
+    def taps_fit(self, relu: bool = False) -> bool:
+        """Whether a window's tap fits a byte (ops.max_pool2d_argmax; with relu, beside
+        ops.NO_TAP)."""
+        return self.kernel_size[0] * self.kernel_size[1] <= ops.MAX_POOL_TAPS - relu
 
     def forward(self, xs, training, seed=0):
         return ops.max_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0]
 
     def forward_fused(self, xs, tags, seed=0, stats=None):
         """A Mapped input read through its map ("mapped-in"); saved: the taps
-        ("keeps-taps"), or the input as it is (backward recomputes the maxima from it)."""
+        ("keeps-taps", with the ReLU after the pool applied and its mask in them with
+        "applies-relu"), or the input as it is (backward recomputes the maxima from it)."""
         x, m = _unmapped(xs[0])
         if "keeps-taps" in tags:
-            y, tap = ops.max_pool2d_argmax(x, self.kernel_size, **self._kw(), **m)
+            y, tap = ops.max_pool2d_argmax(x, self.kernel_size, **self._kw(), **m,
+                                           relu="applies-relu" in tags)
             return y, (tap, x.shape), None
         return ops.max_pool2d(x, self.kernel_size, **self._kw(), **m), xs[0], None
 

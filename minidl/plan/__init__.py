@@ -33,7 +33,11 @@ Conv+BatchNorm+ReLU for training:
   the executor does so when nothing else holds that gradient);
 - a MaxPool2d whose input no other step keeps for backward keeps its taps (each
   maximum's position in its window, 1 byte per output) instead of that input
-  ("keeps-taps"; its backward then scatters dy to the taps without reading x).
+  ("keeps-taps"; its backward then scatters dy to the taps without reading x);
+- a ReLU that is the sole reader of such a MaxPool2d is applied by it ("applies-relu":
+  the window's maximum, then the ReLU, in one pass); the ReLU is "absorbed" and
+  "in-taps": where it passes no gradient the pool records no tap, so the pool's
+  backward applies its mask and the ReLU's backward hands dy on.
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
 (BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
@@ -206,6 +210,11 @@ def fusion(net: Net) -> Dict[str, List[str]]:
             tag(relu, "absorbed")
     _reconstruction(net, readers, kind, tags)
     _pool_taps(net, tags)
+    for k, n in net.layers():
+        relu = sole_reader(k, "ReLU") if "keeps-taps" in tags.get(k, ()) else None
+        if relu and relu not in tags and n.layer.taps_fit(relu=True):
+            tag(k, "applies-relu")
+            tag(relu, "absorbed", "in-taps")
     for x, r in readers.items():  # r in plan order: the last one's backward runs first
         if x != INPUT:
             for k in r[:-1]:
@@ -221,7 +230,8 @@ def _kept(net: Net, tags, root, k: str) -> List[str]:
     i = reconstructed_input(t)
     if i is not None:  # its sum, and the other operand to reconstruct from
         return sorted({root[k], root[n.inputs[1 - i]]})
-    if "reconstructed" in t or "keeps-taps" in t or (isinstance(layer, nn.ReLU) and "mapped" in t):
+    if "reconstructed" in t or "keeps-taps" in t or (
+            isinstance(layer, nn.ReLU) and {"mapped", "in-taps"} & set(t)):
         return []
     return sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
 
@@ -269,9 +279,9 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     normalisation) and writes once; with its statistics from the convolution's sums
     it reads once, and nothing when mapped; backward reads x and dy twice (sums, then
     dx) and writes dx.  Elementwise layers read their inputs and write their output
-    (a mapped or absorbed ReLU moves nothing forward; a mapped one nothing backward).
-    Max pooling keeping its taps writes them (saved_bytes) and its backward reads them
-    instead of the input."""
+    (a mapped or absorbed ReLU moves nothing forward; a mapped or in-taps one nothing
+    backward).  Max pooling keeping its taps writes them (saved_bytes) and its backward
+    reads them instead of the input."""
     x = in_bytes[0]
     dx = sum(b for b, need in zip(in_bytes, need_dx) if need)
     if kind in ("Conv2d", "Linear"):
@@ -281,7 +291,7 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
         fwd = 0 if "mapped" in tags else (1 if "from-sums" in tags else 2) * x + out_bytes
         return fwd + param_bytes, (0 if "reconstructed" in tags else 4 * x + dx) + param_bytes
     if kind == "ReLU":
-        if "mapped" in tags:
+        if "mapped" in tags or "in-taps" in tags:
             return 0, 0
         return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
     if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
@@ -310,7 +320,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
     for k, n in net.layers():
         layer, tags = n.layer, fused.get(k, [])
         in_shapes = [net.nodes[i].shape for i in n.inputs]
-        relu_mapped = isinstance(layer, nn.ReLU) and "mapped" in tags
+        relu_passes = isinstance(layer, nn.ReLU) and bool({"mapped", "in-taps"} & set(tags))
         kept = _kept(net, fused, root, k)
         need_dx = [i != INPUT for i in n.inputs]
         for i, need in zip(n.inputs, need_dx):
@@ -327,7 +337,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
             saved_bytes=saved * (2 if "mapped" in tags else 1),  # + the map
             flops=batch_size * layer.flops(in_shapes, n.shape), need_dx=need_dx,
             fused=list(tags), grad_view=reconstructed_input(tags) is None and (
-                layer.gradient_is_view or relu_mapped or "reconstructed" in tags),
+                layer.gradient_is_view or relu_passes or "reconstructed" in tags),
             bytes_forward=fwd, bytes_backward=bwd))
     # where several gradients flow into a node they are added: 3 passes each, or 1 more
     # read where a convolution's store adds its own (the first backward makes the array)

@@ -153,7 +153,8 @@ static void test_conv(const char *level)
 }
 
 /* Max pooling with taps: the same maxima as mdl_max_pool2d_forward, and from the taps
- * the same dx as mdl_max_pool2d_backward; a tap outside its window is an error. */
+ * the same dx as mdl_max_pool2d_backward, with a ReLU after the pool too; a tap outside
+ * its window is an error. */
 static void test_pool_taps(const char *level)
 {
     const mdl_pool2d_shape s = {.n = 2, .c = 3, .h = 9, .w = 20, .kh = 3, .kw = 3, .stride_h = 2,
@@ -175,6 +176,25 @@ static void test_pool_taps(const char *level)
     EXPECT(st == MDL_OK, "[%s] max pool backward from taps: %s", level, mdl_last_error());
     mdl_max_pool2d_backward(&s, x, dy, dx2);
     EXPECT(memcmp(dx, dx2, nx * sizeof *dx) == 0, "[%s] max pool taps: dx differs", level);
+    /* with the ReLU after the pool: y = max(y, 0), and no gradient where y is 0 */
+    for (size_t i = 0; i < nx; i++) x[i] -= 0.8f;
+    st = mdl_max_pool2d_forward_argmax_relu(&s, x, NULL, y, tap);
+    EXPECT(st == MDL_OK, "[%s] max pool taps with relu: %s", level, mdl_last_error());
+    mdl_max_pool2d_forward(&s, x, y2);
+    size_t none = 0;
+    for (size_t i = 0; i < ny; i++) {
+        EXPECT(y[i] == (y2[i] < 0.0f ? 0.0f : y2[i]), "[%s] relu taps: y[%zu]", level, i);
+        EXPECT((tap[i] == MDL_POOL_NO_TAP) == !(y2[i] > 0.0f), "[%s] relu taps: tap[%zu]",
+               level, i);
+        none += tap[i] == MDL_POOL_NO_TAP;
+        dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; /* the ReLU's backward, for the reference */
+    }
+    EXPECT(none > 0 && none < ny, "[%s] relu taps: %zu of %zu outputs without a tap", level,
+           none, ny);
+    st = mdl_max_pool2d_backward_argmax(&s, tap, dy, dx);
+    EXPECT(st == MDL_OK, "[%s] backward from relu taps: %s", level, mdl_last_error());
+    mdl_max_pool2d_backward(&s, x, dy, dx2);
+    EXPECT(memcmp(dx, dx2, nx * sizeof *dx) == 0, "[%s] relu taps: dx differs", level);
     tap[0] = 0; /* the first window's top-left tap lies in the padding */
     st = mdl_max_pool2d_backward_argmax(&s, tap, dy, dx);
     EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "outside its window"),
