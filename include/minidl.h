@@ -330,6 +330,11 @@ MDL_API mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, con
 /* Mean over each window counting padding (count_include_pad=True). */
 MDL_API mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y);
 MDL_API mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx);
+/* mdl_avg_pool2d_backward with the backward of a ReLU before the pool in the same pass:
+ * x (n, c, h, w) is the pool's input, the ReLU's output, and dx is 0 where x is not
+ * above 0 (mdl_relu_backward(x, dx)). */
+MDL_API mdl_status mdl_avg_pool2d_backward_relu(const mdl_pool2d_shape *s, const float *x,
+                                                const float *dy, float *dx);
 
 /* A convolution and the pooling of its output in one call: y = pooled(conv(x, w) +
  * bias, then max(., 0) when relu), then max(., 0) again when pool_relu, with the

@@ -109,6 +109,8 @@ cdef extern from "minidl.h" nogil:
                                               const float *dy, float *dx)
     mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, float *y)
     mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
+    mdl_status mdl_avg_pool2d_backward_relu(const mdl_pool2d_shape *s, const float *x,
+                                            const float *dy, float *dx)
     ctypedef enum mdl_pool_kind:
         MDL_POOL_MAX
         MDL_POOL_AVG

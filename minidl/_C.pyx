@@ -439,13 +439,17 @@ def avg_pool2d_forward(tuple shape, x, y):
     check(st)
 
 
-def avg_pool2d_backward(tuple shape, dy, dx):
+def avg_pool2d_backward(tuple shape, dy, dx, relu_x=None):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_status st
     cdef const float *c_dy = cptr(dy)
     cdef float *m_dx = mptr(dx)
+    cdef const float *c_x = cptr(relu_x)
     with nogil:
-        st = mdl_avg_pool2d_backward(&ps, c_dy, m_dx)
+        if relu_x is None:
+            st = mdl_avg_pool2d_backward(&ps, c_dy, m_dx)
+        else:
+            st = mdl_avg_pool2d_backward_relu(&ps, c_x, c_dy, m_dx)
     check(st)
 
 

@@ -90,6 +90,9 @@ cdef extern from "minidl_cuda.h" nogil:
                                            mdl_cuda_stream stream)
     mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy,
                                             float *dx, mdl_cuda_stream stream)
+    mdl_status mdl_cuda_avg_pool2d_backward_relu(const mdl_pool2d_shape *s, const float *x,
+                                                 const float *dy, float *dx,
+                                                 mdl_cuda_stream stream)
     mdl_status mdl_cuda_global_avg_pool2d_forward(int64_t n, int64_t c, int64_t h, int64_t w,
                                                   const float *x, float *y,
                                                   mdl_cuda_stream stream)

@@ -325,11 +325,16 @@ def avg_pool2d_forward(tuple shape, uintptr_t x, uintptr_t y, uintptr_t stream=0
     check(st)
 
 
-def avg_pool2d_backward(tuple shape, uintptr_t dy, uintptr_t dx, uintptr_t stream=0):
+def avg_pool2d_backward(tuple shape, uintptr_t dy, uintptr_t dx, uintptr_t relu_x=0,
+                        uintptr_t stream=0):
     cdef mdl_pool2d_shape ps = pool_shape(shape)
     cdef mdl_status st
     with nogil:
-        st = mdl_cuda_avg_pool2d_backward(&ps, cptr(dy), mptr(dx), sptr(stream))
+        if relu_x:
+            st = mdl_cuda_avg_pool2d_backward_relu(&ps, cptr(relu_x), cptr(dy), mptr(dx),
+                                                   sptr(stream))
+        else:
+            st = mdl_cuda_avg_pool2d_backward(&ps, cptr(dy), mptr(dx), sptr(stream))
     check(st)
 
 

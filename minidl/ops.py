@@ -559,15 +559,21 @@ def avg_pool2d(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair]
 
 def avg_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
                         stride: Optional[IntPair] = None, padding: IntPair = 0,
-                        ceil_mode: bool = False) -> np.ndarray:
+                        ceil_mode: bool = False, relu: bool = False) -> np.ndarray:
     """dx (N, C, H, W) for avg_pool2d(x, ...), dy (N, C, H_out, W_out); x gives
-    only the shape (an array or its shape tuple); dx is on dy's device."""
-    _, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
+    only the shape (an array or its shape tuple); dx is on dy's device.  relu: x is the
+    output of a ReLU right before the pool (an array), and dx is also that ReLU's
+    backward, 0 where x is not above 0, in the same pass (relu_backward(x, dx))."""
+    if relu and isinstance(x, tuple):
+        raise TypeError("avg_pool2d_backward(relu=True) needs x itself (the ReLU's "
+                        "output), not its shape")
+    x, shape, (ho, wo) = _pool_args(x, kernel_size, stride, padding, ceil_mode)
     dy = _pool_dy(dy, shape[0], shape[1], ho, wo)
-    k = _kernels(dy=dy)
+    k = _kernels(dy=dy, x=x if relu else None)
     dx = _empty(dy, shape[:4])
     if dx.size:
-        k.avg_pool2d_backward(shape, dy.reshape(-1), dx.reshape(-1))
+        k.avg_pool2d_backward(shape, dy.reshape(-1), dx.reshape(-1),
+                              x.reshape(-1) if relu else None)
     return dx
 
 

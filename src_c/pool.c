@@ -455,19 +455,36 @@ mdl_status mdl_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x, flo
     return MDL_OK;
 }
 
-mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
+/* The average pool's backward; with x (not NULL), each run of planes then masked as
+ * mdl_relu_backward(x, dx) while it is in the cache */
+static mdl_status avg_pool_backward(const char *fn, const mdl_pool2d_shape *s, const float *x,
+                                    const float *dy, float *dx)
 {
-    const char *fn = __func__;
     mdl_pool_geom g;
     mdl_status st = mdl_pool_geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     CHECK_PTRS2(dy, dx);
     int64_t planes = s->n * s->c, in = g.h * g.w, out = g.ho * g.wo;
-    int avx2 = mdl_use_avx2() && g.vec_ok;
+    int avx2 = mdl_use_avx2() && g.vec_ok, relu_avx2 = mdl_use_avx2();
     PLANE_RUNS(planes, (double)planes * ((double)out * (double)(g.kh * g.kw) + (double)in),
                (avx2 ? mdl_avg_pool_back_planes_avx2 : mdl_avg_pool_back_planes_scalar)(
-                   &g, len, dy + p * out, dx + p * in));
+                   &g, len, dy + p * out, dx + p * in);
+               if (x) (relu_avx2 ? mdl_relu_backward_avx2 : mdl_relu_backward_scalar)(
+                   p * in, (p + len) * in, x, dx, dx));
     return MDL_OK;
+}
+
+mdl_status mdl_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx)
+{
+    return avg_pool_backward(__func__, s, NULL, dy, dx);
+}
+
+mdl_status mdl_avg_pool2d_backward_relu(const mdl_pool2d_shape *s, const float *x,
+                                        const float *dy, float *dx)
+{
+    const char *fn = __func__;
+    MDL_CHECK(x != NULL, "%s: x must not be NULL", fn);
+    return avg_pool_backward(fn, s, x, dy, dx);
 }
 
 static mdl_status global_check(const char *fn, int64_t n, int64_t c, int64_t h, int64_t w)

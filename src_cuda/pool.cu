@@ -174,8 +174,9 @@ __global__ void avg_pool_fwd(pool_geom g, const float *x, float *y)
     }
 }
 
-/* dx (planes, h, w) = sum over the windows containing this element of dy / padded window size */
-__global__ void avg_pool_bwd(pool_geom g, const float *dy, float *dx)
+/* dx (planes, h, w) = sum over the windows containing this element of dy / padded window
+ * size; relu_x (not NULL): 0 where relu_x is not above 0 (relu_bwd's mask) */
+__global__ void avg_pool_bwd(pool_geom g, const float *dy, float *dx, const float *relu_x)
 {
     const int64_t total = g.planes * g.h * g.w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -196,7 +197,7 @@ __global__ void avg_pool_bwd(pool_geom g, const float *dy, float *dx)
                 acc += dyp[oh * g.wo + ow] / (float)(hspan * wspan);
             }
         }
-        dx[i] = acc;
+        dx[i] = relu_x && !(relu_x[i] > 0.0f) ? 0.0f : acc;
     }
 }
 
@@ -386,16 +387,30 @@ mdl_status mdl_cuda_avg_pool2d_forward(const mdl_pool2d_shape *s, const float *x
     return mdl_cuda_launched(fn);
 }
 
-mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx,
-                                        mdl_cuda_stream stream)
+static mdl_status avg_backward(const char *fn, const mdl_pool2d_shape *s, const float *x,
+                               const float *dy, float *dx, mdl_cuda_stream stream)
 {
-    const char *fn = __func__;
     pool_geom g;
     mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     CHECK_PTRS2(dy, dx);
-    avg_pool_bwd<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, dy, dx);
+    avg_pool_bwd<<<mdl_ew_blocks(g.planes * g.h * g.w), MDL_EW_THREADS, 0, stream>>>(g, dy, dx,
+                                                                                    x);
     return mdl_cuda_launched(fn);
+}
+
+mdl_status mdl_cuda_avg_pool2d_backward(const mdl_pool2d_shape *s, const float *dy, float *dx,
+                                        mdl_cuda_stream stream)
+{
+    return avg_backward(__func__, s, NULL, dy, dx, stream);
+}
+
+mdl_status mdl_cuda_avg_pool2d_backward_relu(const mdl_pool2d_shape *s, const float *x,
+                                             const float *dy, float *dx, mdl_cuda_stream stream)
+{
+    const char *fn = __func__;
+    MDL_CHECK(x != NULL, "%s: x must not be NULL", fn);
+    return avg_backward(fn, s, x, dy, dx, stream);
 }
 
 static mdl_status global_check(const char *fn, int64_t n, int64_t c, int64_t h, int64_t w)

@@ -336,6 +336,14 @@ def test_avg_pool2d(gpu, rng, case):
     check(gpu.down(py, (n, c, ho, wo)), ops.avg_pool2d(x, **kw), "reduction", "y")
     run(cuda.avg_pool2d_backward, shape, gpu.up(dy), pdx)
     check(gpu.down(pdx, x.shape), ops.avg_pool2d_backward(x, dy, **kw), "reduction", "dx")
+    # with the mask of a ReLU before the pool (x its output): zero exactly where x <= 0
+    a = np.maximum(x, 0)
+    a.reshape(-1)[::3] = np.float32(-0.0)
+    pda = gpu.empty(x.shape)
+    run(cuda.avg_pool2d_backward, shape, gpu.up(dy), pda, gpu.up(a))
+    got = gpu.down(pda, x.shape)
+    assert np.array_equal(got == 0, ~(a > 0) | (ops.avg_pool2d_backward(x, dy, **kw) == 0))
+    check(got, ops.avg_pool2d_backward(a, dy, **kw, relu=True), "reduction", "dx through a ReLU")
 
 
 @pytest.mark.parametrize("n, c, h, w", [(1, 1, 1, 1), (2, 3, 8, 8), (5, 7, 3, 5), (128, 64, 8, 8),

@@ -6,7 +6,7 @@ import pytest
 
 import minidl
 from minidl import _C, models, ops
-from minidl.nn import Add, BatchNorm2d, Conv2d, Flatten, Mapped, ReLU
+from minidl.nn import Add, AvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, Mapped, ReLU
 from minidl.optim import SGD
 from minidl.plan import fusion, make_plan
 from minidl.runtime import Executor
@@ -343,12 +343,17 @@ def test_fusion_pass_keeps_a_max_pools_taps_where_its_input_is_not_kept():
     net = models.build("cifar10_quick", seed=None)
     tags = fusion(net)
     assert tags["pool1"] == ["keeps-taps", "applies-relu"]
-    assert tags["relu1"] == ["absorbed", "in-taps"]  # its mask in the pool's taps
+    assert tags["relu1"] == ["absorbed", "pool-masks"]  # its mask in the pool's taps
+    # relu2 and relu3, applied by their convolutions, masked by the average pools after them
+    assert tags["relu2"] == tags["relu3"] == ["absorbed", "pool-masks"]
+    assert tags["pool2"] == tags["pool3"] == ["masks-relu"]
     fused, plain = make_plan(net, 100), make_plan(net, 100, fuse=False)
     assert fused.step("pool1").kept == [] and plain.step("pool1").kept == ["conv1"]
     assert fused.step("relu1").kept == [] and plain.step("relu1").kept == ["relu1"]
     assert fused.step("relu1").bytes_forward == fused.step("relu1").bytes_backward == 0
     assert fused.step("relu1").grad_view and fused.step("conv2").kept == ["pool1"]
+    assert fused.step("relu2").kept == [] and fused.step("pool2").kept == ["conv2"]
+    assert fused.step("relu2").bytes_backward == 0
     assert fused.step("pool1").saved_bytes == 100 * 32 * 16 * 16
     assert fused.memory["kept_activations"] == \
         plain.memory["kept_activations"] - 100 * 32 * 32 * 32 * 4 + 100 * 32 * 16 * 16
@@ -486,10 +491,11 @@ def test_reconstruction_checks_do_not_stop_the_device(monkeypatch, rng):
 # ---- fused training against the plain plan ----------------------------------------
 
 def _train(model, device, fuse, batch, steps, lr=0.01):
+    """model: a zoo name, or a function making a net of (3, 32, 32) inputs from a seed."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    net = models.build(model, seed=0).to(device)
+    net = (models.build(model, seed=0) if isinstance(model, str) else model(0)).to(device)
     opt = SGD(net.parameters(), lr=lr, momentum=0.9)
     ex = Executor(net, make_plan(net, batch, device=device, fuse=fuse), seed=0)
     first = None
@@ -562,6 +568,34 @@ def test_max_pool_taps_train_as_the_plain_plan(device):
     plain, g_plain, _ = _train("cifar10_quick", device, False, 8, 3)
     fused, g_fused, ex = _train("cifar10_quick", device, True, 8, 3)
     assert ex.plan.step("pool1").fused == ["keeps-taps", "applies-relu"]
+    for k in g_plain:
+        np.testing.assert_array_equal(g_fused[k], g_plain[k], err_msg=k)
+    for k in plain:
+        np.testing.assert_array_equal(fused[k], plain[k], err_msg=k)
+
+
+def _pool_relu_pool(seed):
+    """A written ReLU (no convolution to absorb it) between two average pools."""
+    net = minidl.Net((3, 32, 32))
+    net.add("conv", Conv2d(out_channels=4, padding=1))
+    net.add("pool_a", AvgPool2d(2))
+    net.add("relu", ReLU())
+    net.add("pool_b", AvgPool2d(3, stride=2, padding=1))
+    net.add("flat", Flatten())
+    net.add("fc", Linear(out_features=10))
+    return net.initialize(seed)
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim", pytest.param(
+    "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
+def test_average_pool_masking_for_a_relu_trains_as_the_plain_plan(device):
+    """The ReLU's mask applied by the average pool's backward: the plain plan's gradients
+    and parameters, bit for bit; the ReLU keeps nothing, the pool keeps its output."""
+    tags = fusion(_pool_relu_pool(0))
+    assert tags == {"relu": ["pool-masks"], "pool_b": ["masks-relu"]}
+    plain, g_plain, _ = _train(_pool_relu_pool, device, False, 6, 3)
+    fused, g_fused, ex = _train(_pool_relu_pool, device, True, 6, 3)
+    assert ex.plan.step("relu").kept == [] and ex.plan.step("pool_b").kept == ["relu"]
     for k in g_plain:
         np.testing.assert_array_equal(g_fused[k], g_plain[k], err_msg=k)
     for k in plain:

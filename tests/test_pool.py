@@ -271,6 +271,22 @@ def test_max_pool_taps_with_relu_through_a_map(simd, rng):
         ops.max_pool2d_backward(x, ops.relu_backward(y, dy), k, **_kw(case), **m))
 
 
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_avg_pool_backward_with_relu(simd, rng, case):
+    """relu=True: relu_backward(x, avg_pool2d_backward(...)) in one pass, bit for bit, with
+    x the ReLU's output (zeros, -0 and a NaN among its values)."""
+    n, c, h, w, k, s, p, ceil = case
+    x = np.maximum(rng.standard_normal((n, c, h, w)).astype(np.float32), 0)
+    x.reshape(-1)[::5] = np.float32(-0.0)
+    x.reshape(-1)[-1] = np.nan
+    dy = rng.standard_normal(ops.avg_pool2d(x, k, **_kw(case)).shape).astype(np.float32)
+    dx = ops.avg_pool2d_backward(x, dy, k, **_kw(case), relu=True)
+    np.testing.assert_array_equal(
+        dx, ops.relu_backward(x, ops.avg_pool2d_backward(x.shape, dy, k, **_kw(case))))
+    with pytest.raises(TypeError, match="needs x itself"):
+        ops.avg_pool2d_backward(x.shape, dy, k, **_kw(case), relu=True)
+
+
 def test_max_pool_taps_bad_input(rng):
     x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
     with pytest.raises(ValueError, match="more than 256 taps"):

@@ -477,18 +477,17 @@ class ReLU(Layer):
     def forward_fused(self, xs, tags, seed=0, stats=None):
         """"mapped": the Mapped input with the ReLU added to its map (its BatchNorm's
         backward masks), or the input (an Add's sum) as a Mapped ReLU (the Add's backward
-        masks), saved None; "absorbed": the input, already max(., 0), saved None with
-        "in-taps" (the max pool's taps hold the mask)."""
+        masks), saved None; "absorbed": the input, already max(., 0).  "pool-masks": saved
+        None, a pool next to it applies the mask in its backward."""
         x = xs[0]
         if "mapped" in tags:
             return (Mapped(x.x, x.scale, x.shift, relu=True) if isinstance(x, Mapped)
                     else Mapped(x, relu=True)), None, None
-        if "absorbed" in tags:
-            return x, (None if "in-taps" in tags else x), None
-        return super().forward_fused(xs, tags, seed, stats)
+        y = x if "absorbed" in tags else super().forward_fused(xs, tags, seed, stats)[0]
+        return y, (None if "pool-masks" in tags else y), None
 
     def backward(self, dy, saved, need_dx=True):
-        if saved is None:  # mapped or in-taps: the layer before it applies the mask
+        if saved is None:  # mapped or pool-masks: a layer next to it applies the mask
             return [dy]
         return [ops.relu_backward(saved, dy)]  # y > 0 exactly where x > 0
 
@@ -557,8 +556,16 @@ class AvgPool2d(_Pool2d):
     def forward(self, xs, training, seed=0):
         return ops.avg_pool2d(xs[0], self.kernel_size, **self._kw()), xs[0].shape
 
-    def backward(self, dy, saved, need_dx=True):  # saved: x's shape, all backward needs
-        return [ops.avg_pool2d_backward(tuple(saved), dy, self.kernel_size, **self._kw())]
+    def forward_fused(self, xs, tags, seed=0, stats=None):
+        """"masks-relu": saved x itself, the output of the ReLU whose mask the backward
+        applies."""
+        y, shape, _ = super().forward_fused(xs, tags, seed, stats)
+        return y, (xs[0] if "masks-relu" in tags else shape), None
+
+    def backward(self, dy, saved, need_dx=True):  # saved: x's shape, or x ("masks-relu")
+        relu = not isinstance(saved, tuple)
+        return [ops.avg_pool2d_backward(saved if relu else tuple(saved), dy, self.kernel_size,
+                                        **self._kw(), relu=relu)]
 
 
 class GlobalAvgPool2d(Layer):

@@ -36,8 +36,11 @@ Conv+BatchNorm+ReLU for training:
   ("keeps-taps"; its backward then scatters dy to the taps without reading x);
 - a ReLU that is the sole reader of such a MaxPool2d is applied by it ("applies-relu":
   the window's maximum, then the ReLU, in one pass); the ReLU is "absorbed" and
-  "in-taps": where it passes no gradient the pool records no tap, so the pool's
-  backward applies its mask and the ReLU's backward hands dy on.
+  "pool-masks": where it passes no gradient the pool records no tap, so the pool's
+  backward applies its mask and the ReLU's backward hands dy on;
+- an AvgPool2d that is the sole reader of a ReLU (written, or absorbed by its
+  convolution) applies the ReLU's mask in its backward ("masks-relu": it keeps its
+  input, the ReLU's output, which the ReLU no longer keeps; the ReLU "pool-masks").
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
 (BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
@@ -214,7 +217,11 @@ def fusion(net: Net) -> Dict[str, List[str]]:
         relu = sole_reader(k, "ReLU") if "keeps-taps" in tags.get(k, ()) else None
         if relu and relu not in tags and n.layer.taps_fit(relu=True):
             tag(k, "applies-relu")
-            tag(relu, "absorbed", "in-taps")
+            tag(relu, "absorbed", "pool-masks")
+        pool = sole_reader(k, "AvgPool2d") if kind[k] == "ReLU" else None
+        if pool and set(tags.get(k, ())) <= {"absorbed"}:
+            tag(k, "pool-masks")
+            tag(pool, "masks-relu")
     for x, r in readers.items():  # r in plan order: the last one's backward runs first
         if x != INPUT:
             for k in r[:-1]:
@@ -231,8 +238,10 @@ def _kept(net: Net, tags, root, k: str) -> List[str]:
     if i is not None:  # its sum, and the other operand to reconstruct from
         return sorted({root[k], root[n.inputs[1 - i]]})
     if "reconstructed" in t or "keeps-taps" in t or (
-            isinstance(layer, nn.ReLU) and {"mapped", "in-taps"} & set(t)):
+            isinstance(layer, nn.ReLU) and {"mapped", "pool-masks"} & set(t)):
         return []
+    if "masks-relu" in t and isinstance(layer, nn.AvgPool2d):
+        return [root[n.inputs[0]]]
     return sorted({root[n.inputs[0]] if s == "in" else root[k] for s in layer.saves})
 
 
@@ -279,9 +288,10 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     normalisation) and writes once; with its statistics from the convolution's sums
     it reads once, and nothing when mapped; backward reads x and dy twice (sums, then
     dx) and writes dx.  Elementwise layers read their inputs and write their output
-    (a mapped or absorbed ReLU moves nothing forward; a mapped or in-taps one nothing
+    (a mapped or absorbed ReLU moves nothing forward; a mapped or pool-masks one nothing
     backward).  Max pooling keeping its taps writes them (saved_bytes) and its backward
-    reads them instead of the input."""
+    reads them instead of the input; average pooling that masks for a ReLU reads its
+    input in backward."""
     x = in_bytes[0]
     dx = sum(b for b, need in zip(in_bytes, need_dx) if need)
     if kind in ("Conv2d", "Linear"):
@@ -291,15 +301,16 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
         fwd = 0 if "mapped" in tags else (1 if "from-sums" in tags else 2) * x + out_bytes
         return fwd + param_bytes, (0 if "reconstructed" in tags else 4 * x + dx) + param_bytes
     if kind == "ReLU":
-        if "mapped" in tags or "in-taps" in tags:
+        if "mapped" in tags:
             return 0, 0
-        return (0 if "absorbed" in tags else x + out_bytes), 2 * out_bytes + dx
+        return (0 if "absorbed" in tags else x + out_bytes), \
+            (0 if "pool-masks" in tags else 2 * out_bytes + dx)
     if kind == "Add":  # reconstructing: two passes reading dy (then db), s and b
         return sum(in_bytes) + out_bytes, 0 if reconstructed_input(tags) is None else 8 * x
     if kind == "MaxPool2d":
         return x + out_bytes + saved_bytes, (saved_bytes or x) + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
-        return x + out_bytes, out_bytes + dx
+        return x + out_bytes, out_bytes + dx + (x if "masks-relu" in tags else 0)
     return 0, 0  # Flatten: a view
 
 
@@ -320,7 +331,7 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
     for k, n in net.layers():
         layer, tags = n.layer, fused.get(k, [])
         in_shapes = [net.nodes[i].shape for i in n.inputs]
-        relu_passes = isinstance(layer, nn.ReLU) and bool({"mapped", "in-taps"} & set(tags))
+        relu_passes = isinstance(layer, nn.ReLU) and bool({"mapped", "pool-masks"} & set(tags))
         kept = _kept(net, fused, root, k)
         need_dx = [i != INPUT for i in n.inputs]
         for i, need in zip(n.inputs, need_dx):

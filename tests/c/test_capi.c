@@ -153,8 +153,8 @@ static void test_conv(const char *level)
 }
 
 /* Max pooling with taps: the same maxima as mdl_max_pool2d_forward, and from the taps
- * the same dx as mdl_max_pool2d_backward, with a ReLU after the pool too; a tap outside
- * its window is an error. */
+ * the same dx as mdl_max_pool2d_backward, with a ReLU after the pool too; the average
+ * pool's backward with a ReLU's mask; a tap outside its window is an error. */
 static void test_pool_taps(const char *level)
 {
     const mdl_pool2d_shape s = {.n = 2, .c = 3, .h = 9, .w = 20, .kh = 3, .kw = 3, .stride_h = 2,
@@ -195,6 +195,13 @@ static void test_pool_taps(const char *level)
     EXPECT(st == MDL_OK, "[%s] backward from relu taps: %s", level, mdl_last_error());
     mdl_max_pool2d_backward(&s, x, dy, dx2);
     EXPECT(memcmp(dx, dx2, nx * sizeof *dx) == 0, "[%s] relu taps: dx differs", level);
+    /* the average pool's backward with the mask of a ReLU before it (x its output) */
+    for (size_t i = 0; i < nx; i++) x[i] = x[i] < 0.0f ? 0.0f : x[i];
+    st = mdl_avg_pool2d_backward_relu(&s, x, dy, dx);
+    EXPECT(st == MDL_OK, "[%s] avg pool backward with relu: %s", level, mdl_last_error());
+    mdl_avg_pool2d_backward(&s, dy, dx2);
+    for (size_t i = 0; i < nx; i++)
+        EXPECT(dx[i] == (x[i] > 0.0f ? dx2[i] : 0.0f), "[%s] avg pool relu: dx[%zu]", level, i);
     tap[0] = 0; /* the first window's top-left tap lies in the padding */
     st = mdl_max_pool2d_backward_argmax(&s, tap, dy, dx);
     EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "outside its window"),
