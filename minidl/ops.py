@@ -50,6 +50,9 @@ __all__ = [
 # ---- argument checking (shared by every op) ----------------------------------
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _not_array(name: str, a) -> TypeError:
     return TypeError(f"{name} must be a numpy.ndarray or a device array, got {type(a).__name__}")
 
@@ -57,6 +60,9 @@ def _not_array(name: str, a) -> TypeError:
 def _input(name: str, a, ndim: Optional[int] = None, layout: str = "") -> np.ndarray:
     """A read-only operand as a C-contiguous float32 array (converted if needed; device
     arrays are always C-contiguous and must already be float32)."""
+    if type(a) is np.ndarray and a.dtype is _F32 and a.flags.c_contiguous \
+            and (ndim is None or a.ndim == ndim):
+        return a  # the common case, as it is
     host = isinstance(a, np.ndarray)
     if not host and not isinstance(a, DeviceArray):
         raise _not_array(name, a)
@@ -130,6 +136,8 @@ def _shape_arg(name: str, x, ndim: int, layout: str) -> Tuple[int, ...]:
 
 
 def _int(name: str, v, minimum: int) -> int:
+    if type(v) is int and v >= minimum:
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {v!r}")
     if v < minimum:
