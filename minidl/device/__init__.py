@@ -103,6 +103,8 @@ class OutOfDeviceMemory(MemoryError):
 
 
 def _shape(shape) -> Shape:
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape  # the common case, as it is
     if isinstance(shape, numbers.Integral):
         shape = (shape,)
     shape = tuple(int(d) for d in shape)
@@ -135,6 +137,8 @@ class DeviceArray:
 
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape (one dimension may be -1), sharing the memory."""
+        if shape == (-1,):
+            return self.ravel()
         if len(shape) == 1 and (isinstance(shape[0], (tuple, list)) or
                                 not isinstance(shape[0], numbers.Integral)):
             shape = shape[0]
