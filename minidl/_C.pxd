@@ -103,6 +103,7 @@ cdef extern from "minidl.h" nogil:
                                              const mdl_affine *in_, const float *dy, float *dx)
     mdl_status mdl_max_pool2d_forward_argmax(const mdl_pool2d_shape *s, const float *x,
                                              const mdl_affine *in_, float *y, uint8_t *tap)
+    enum: MDL_POOL_NO_TAP
     mdl_status mdl_max_pool2d_forward_argmax_relu(const mdl_pool2d_shape *s, const float *x,
                                                   const mdl_affine *in_, float *y, uint8_t *tap)
     mdl_status mdl_max_pool2d_backward_argmax(const mdl_pool2d_shape *s, const uint8_t *tap,

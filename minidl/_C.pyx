@@ -401,6 +401,9 @@ def max_pool2d_backward_fused(tuple shape, x, in_scale, in_shift, bint in_relu, 
     check(st)
 
 
+POOL_NO_TAP = MDL_POOL_NO_TAP  # the tap of an output that passes no gradient back
+
+
 def max_pool2d_forward_argmax(tuple shape, x, in_scale, in_shift, bint in_relu, y, tap,
                               bint relu=False):
     cdef mdl_pool2d_shape ps = pool_shape(shape)

@@ -501,7 +501,7 @@ def max_pool2d_backward(x: np.ndarray, dy: np.ndarray, kernel_size: IntPair, *,
 MAX_POOL_TAPS = 256  # a max pooling window's tap is one byte
 
 
-NO_TAP = 255  # the tap of an output that passes no gradient back (relu=True)
+NO_TAP = _C.POOL_NO_TAP  # the tap of an output that passes no gradient back (relu=True)
 
 
 def max_pool2d_argmax(x: np.ndarray, kernel_size: IntPair, *, stride: Optional[IntPair] = None,
