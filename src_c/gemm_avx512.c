@@ -45,6 +45,7 @@
 #define MC_PANELS (MB_MAX / MR) /* a row group is all of the block's rows */
 #define B_PANEL_OUTER 0
 #define LAZY_B 1
+#define LAZY_NG NG
 #define NC_MAX 4096        /* columns of B packed per step */
 /* The rows- and columns-split drivers: when one K block of all of op(B)'s columns
  * fits in L2 (ROWS_SPLIT_BLOCK floats) and all of op(B) packed is small

@@ -14,8 +14,11 @@
  *   ROWS_SPLIT_BLOCK, ROWS_SPLIT_B_MAX, COLS_SPLIT_M, COLS_SPLIT_IN_PLACE_M,
  *   SHARED_IN_PLACE_M, SHARED_IN_PLACE_UNALIGNED_M
  *                  when each driver takes a shape, and when B is read in place
- *   LAZY_B         whether B is packed a column group at a time when no two threads
- *                  share columns (below)
+ *   LAZY_B, LAZY_NG
+ *                  when no two threads share columns, B is packed a column group of
+ *                  LAZY_NG micro-panels at a time: always (LAZY_B 1), or only when K
+ *                  is not short and all the rows are one row group (LAZY_B 0; then no
+ *                  A micro-panel is read again for the extra column groups)
  *   B_ALIGN        floats in a vector: B read in place by the shared-blocks driver
  *                  needs its rows aligned to it
  *   pack_a(trans_a, a, lda, i0, p0, rows, kc, alpha, dst)   an A micro-panel
@@ -416,7 +419,8 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
          * the other core had just read, an invalidation each, then waited for it: 2
          * threads, 1024^3 1.1x).  Not for short K, whose column groups may be larger. */
         const int own_b = tn == 1 && tm > 1 && !b_in_place && k > SHORT_K && T * NG * NR <= bl.nc;
-        const int lazy_b = (LAZY_B && tm == 1 && !b_in_place) || own_b;
+        const int one_row_group = k > SHORT_K && ceil_div(min64(m, bl.mb), MR) <= MC_PANELS;
+        const int lazy_b = (tm == 1 && !b_in_place && (LAZY_B || one_row_group)) || own_b;
 
         for (int64_t jc = 0; jc < n; jc += bl.nc) {
             const int64_t nb = min64(n - jc, bl.nc);
@@ -460,7 +464,7 @@ static void blocked_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                      * (144 x 12288 x 16 with op(A) transposed, 2 threads: 1.07-1.14x; K = 32,
                      * 200-256 KiB of B, lost 11-16% in the machine's slow phases) */
                     const int64_t ng = kb <= SHORT_K && (c1 - c0) * NR * kb <= 32 * 1024
-                                           ? c1 - c0 : NG;
+                                           ? c1 - c0 : lazy_b ? LAZY_NG : NG;
                     for (int64_t cg = c0; cg < c1; cg += ng) {
                         const int64_t cg1 = min64(cg + ng, c1);
                         if (lazy_b)

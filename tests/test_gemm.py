@@ -5,7 +5,9 @@ The AVX2 kernel works in blocks: K in blocks of up to 320 (split evenly), rows o
 C in groups of 144 per thread and 1536 per packing step, columns in steps of up to
 4096, tiles of 6 x 16; when a K block of op(B) holds at most 64K floats and C at
 most 18 rows, the threads split the columns (op(B) read in place when it is not
-transposed and M <= 12, else each thread packs its own panels).
+transposed and M <= 12, else each thread packs its own panels); otherwise, for M <=
+144 and K > 32, a thread that shares its columns with no other packs op(B) 8
+micro-panels at a time.
 
 The AVX-512 kernel: K in blocks of up to 384, tiles of 14 x 32 with masked column
 edges, and three drivers chosen by shape: when a K block of op(B) holds at most 128K
@@ -59,7 +61,10 @@ MIXED = [
     (64, 31, 770),    # three AVX-512 K blocks; N below one 32-column tile
     (20, 300, 800),   # AVX-512 rows split, B in place (not transposed): three K blocks
     (9, 4100, 40),    # columns split over an op(B) beyond L2 (not transposed: in place)
-    (30, 4100, 40),   # AVX-512 shared blocks: two column steps (4096)
+    (30, 4100, 40),   # shared blocks: two column steps (4096); AVX2: op(B) packed in
+                      # groups of 8 micro-panels, the last one partial
+    (144, 1700, 40),  # AVX2 shared blocks: one row group of 24 tiles, op(B) in groups
+    (145, 1700, 40),  # ... two row groups: op(B) packed whole first
     (40, 1100, 800),  # AVX-512 shared blocks, B in place (not transposed): three K blocks
     (1541, 520, 300), # AVX-512 shared blocks: two row packing steps (1540)
     (300, 40, 900),   # AVX-512 rows split, A read in place: three K blocks, 22 row panels
