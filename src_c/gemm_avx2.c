@@ -36,7 +36,7 @@
 #define NG (NC_MAX / NR)
 /* B packed a group of LAZY_NG micro-panels (at most 160 KiB, in L2) at a time, just
  * before its tiles, only for C of one row group (at most 144 rows) and K over SHORT_K
- * (Zen 3, against packing all of a thread's columns first, the two libraries in one
+ * (Zen 3, against packing all of a thread's columns first, the two builds in one
  * process: the products of the convolutions' forwards with 16-64 rows 1.05-1.09x on 2
  * threads, 1.04-1.15x on 1; larger ones take more than one row group, which would each
  * read all of A again) */
