@@ -1,7 +1,7 @@
 """SGEMM throughput: minidl's kernels (one or more SIMD levels) against NumPy's matmul (its BLAS).
 
     python3 bench/bench_gemm.py [--simd avx2,avx512] [--threads 2] [--rounds 7]
-                                [--json bench/results/gemm-DATE.json]
+                                [--json bench/results/gemm-DATE.json] [--against TREE]
 
 Both run with the same thread count (the BLAS thread variables are set before
 NumPy is imported).  Each round times every selected minidl level, then NumPy,
@@ -13,6 +13,12 @@ for about 0.1 s after a call (and OpenMP's for a shorter while), and on 2 cores
 spinning workers of one library halve the speed of the other.  minidl is called
 through minidl._C with a preallocated workspace, as the convolution layers call
 it, with the transposes the convolution passes use.
+
+--against TREE: another source tree, built (`make ext`), whose minidl._C is loaded
+into this process too and timed on the same operands next to this tree's in each
+round (first in every other round); the columns "other" and "this/other" (the
+median of the per-round speed ratios, above 1: this tree is faster) are before and
+after figures free of the differences between two processes.
 
 Peak: measured in the same run by bench/fma_peak.c (compiled here with cc, one
 copy per thread at the same time, the sum of the best of AVX2 and AVX-512 per
@@ -30,6 +36,8 @@ used by bench/bench_cpu.py, timed by bench/torch_gemm.py.
 import argparse
 import collections
 import datetime
+import glob
+import importlib.util
 import json
 import os
 import platform
@@ -93,6 +101,7 @@ def parse_args():
                    help="clock for the peak figure, only when fma_peak.c cannot be measured")
     p.add_argument("--only", help="run only the shapes whose label contains this text")
     p.add_argument("--json", metavar="PATH", help="write the results and machine info here")
+    p.add_argument("--against", metavar="TREE", help="another built source tree to compare with")
     return p.parse_args()
 
 
@@ -154,6 +163,18 @@ def load_libraries(threads: int):
     return np, minidl, _C
 
 
+def load_other(tree: str, threads: int):
+    """The minidl._C of another built source tree, loaded beside this tree's."""
+    paths = glob.glob(os.path.join(tree, "minidl", "_C.*.so"))
+    if not paths:
+        raise SystemExit(f"--against: no built minidl/_C.*.so in {tree} (run make ext there)")
+    spec = importlib.util.spec_from_file_location("minidl._C", paths[0])
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    other.set_num_threads(threads)
+    return other
+
+
 def timed(fn, min_time, settle):
     """Seconds per call, from enough back-to-back calls to last min_time, after
     `settle` idle seconds."""
@@ -179,16 +200,18 @@ def placed(np, rng, shape):
     return buf[start:start + size].view(np.float32).reshape(shape)
 
 
-Case = collections.namedtuple("Case", "run_minidl run_numpy error layout")
+Case = collections.namedtuple("Case", "run_minidl run_numpy error layout run_other",
+                              defaults=(None,))
 
 
-def make_case(np, _C, m, n, k, rng, ta=False, tb=False):
+def make_case(np, _C, m, n, k, rng, ta=False, tb=False, other=None):
     """A Case on random operands (op(A) = A^T with ta, op(B) = B^T with tb), each at a
     random place in a page: run_minidl and run_numpy compute C = op(A) op(B) into their
     own outputs, error() runs both and returns the largest difference relative to NumPy's
     largest entry (checked below 1e-4 here, at the SIMD level in use); layout: where C
     starts after B modulo 4 KiB and A's, B's and C's offsets in their cache lines (the
-    speed of thin products on two threads depends on it, bench/NOTES.md)."""
+    speed of thin products on two threads depends on it, bench/NOTES.md); run_other:
+    another build's _C (`other`) on the same operands, into an output of its own."""
     a = placed(np, rng, (k, m) if ta else (m, k))
     b = placed(np, rng, (n, k) if tb else (k, n))
     a[...] = rng.standard_normal(a.shape)
@@ -205,22 +228,36 @@ def make_case(np, _C, m, n, k, rng, ta=False, tb=False):
     def run_numpy():
         np.matmul(at, bt, out=c_ref)
 
+    run_other = None
+    if other is not None:
+        ws_o = np.empty(other.sgemm_workspace_size(m, n, k) // 4 + 1, np.float32)
+        c_o = placed(np, rng, (m, n))
+        fc_o = c_o.reshape(-1)
+
+        def run_other():
+            other.sgemm(ta, tb, m, n, k, 1.0, fa, lda, fb, ldb, 0.0, fc_o, n, ws_o)
+
     def error():
         run_minidl()
         run_numpy()
-        return float(np.abs(c - c_ref).max() / max(np.abs(c_ref).max(), 1e-3))
+        outs = [c]
+        if run_other is not None:
+            run_other()
+            outs.append(c_o)
+        return max(float(np.abs(x - c_ref).max() / max(np.abs(c_ref).max(), 1e-3)) for x in outs)
 
     err = error()
     if not err < 1e-4:
         raise AssertionError(f"minidl and NumPy disagree at {m}x{n}x{k}: {err:.3g}")
     pa, pb, pc = (x.ctypes.data for x in (a, b, c))
     layout = {"c_after_b_mod_4k": (pc - pb) % 4096, "line_offsets": [pa % 64, pb % 64, pc % 64]}
-    return Case(run_minidl, run_numpy, error, layout)
+    return Case(run_minidl, run_numpy, error, layout, run_other)
 
 
 def main():
     args = parse_args()
     np, minidl, _C = load_libraries(args.threads)
+    other = load_other(args.against, args.threads) if args.against else None
     levels = [minidl.cpu_simd() if lv == "best" else lv for lv in args.simd.split(",")]
     for lv in levels:
         minidl.set_simd(lv)  # fails early on an unknown level or one the CPU lacks
@@ -237,22 +274,32 @@ def main():
     print(f"minidl {minidl.__version__} ({', '.join(levels)}), NumPy {np.__version__} "
           f"({numpy_blas(np)}), {args.threads} threads, {cpu_model()}")
     print(f"peak {peak:.1f} GFLOP/s ({peak_how})")
-    head = "".join(f" | {lv + ' GF/s':>12} {'%pk':>4} {'ratio':>5}" for lv in levels)
+    head = "".join(f" | {lv + ' GF/s':>12} {'%pk':>4} {'ratio':>5}" +
+                   (f" {'other':>6} {'this/other':>10}" if other else "") for lv in levels)
     print(f"{'shape':<32} {'m':>5} {'n':>5} {'k':>5} {'t':>2}{head} | {'NumPy GF/s':>10} {'%pk':>4}")
     shapes = [s for s in SHAPES if args.only is None or args.only in s[0]]
+
+    def use(lv):
+        minidl.set_simd(lv)
+        if other is not None:
+            other.set_simd(lv)
+
     for label, m, n, k, ta, tb in shapes:
-        case = make_case(np, _C, m, n, k, rng, ta, tb)
-        run_minidl, run_numpy = case.run_minidl, case.run_numpy
+        case = make_case(np, _C, m, n, k, rng, ta, tb, other)
+        run_minidl, run_numpy, run_other = case.run_minidl, case.run_numpy, case.run_other
         for lv in levels:
-            minidl.set_simd(lv)
+            use(lv)
             err = case.error()
             assert err < 1e-4, f"minidl ({lv}) and NumPy disagree at {m}x{n}x{k}: {err:.3g}"
         t_mdl = {lv: [] for lv in levels}
+        t_other = {lv: [] for lv in levels}
         t_np = []
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for lv in levels:
-                minidl.set_simd(lv)
-                t_mdl[lv].append(timed(run_minidl, args.min_time, args.settle))
+                use(lv)
+                pair = [(t_mdl[lv], run_minidl)] + ([(t_other[lv], run_other)] if other else [])
+                for times, fn in pair if r % 2 == 0 else pair[::-1]:
+                    times.append(timed(fn, args.min_time, args.settle))
             t_np.append(timed(run_numpy, args.min_time, args.settle))
         flop = 2.0 * m * n * k
         g_np = flop / min(t_np) / 1e9
@@ -267,11 +314,19 @@ def main():
                            median_gflops=round(flop / statistics.median(t_mdl[lv]) / 1e9, 2),
                            median_ratio_vs_numpy=round(ratio, 3))
             line += f" | {g:12.1f} {100 * g / peak:3.0f}% {ratio:5.2f}"
+            if other is not None:
+                g_o = flop / min(t_other[lv]) / 1e9
+                vs = statistics.median(to / tm for tm, to in zip(t_mdl[lv], t_other[lv]))
+                row[lv]["against"] = dict(tree=os.path.abspath(args.against), gflops=round(g_o, 2),
+                                          median_ratio_this_over_other=round(vs, 3))
+                line += f" {g_o:6.1f} {vs:10.3f}"
         rows.append(row)
         print(f"{line} | {g_np:10.1f} {100 * g_np / peak:3.0f}%", flush=True)
     minidl.set_simd(minidl.cpu_simd())
     print("GF/s: best round; %pk: of the peak above; ratio: median of minidl / NumPy speed per "
-          "round; t: transposes of A and B")
+          "round; t: transposes of A and B" +
+          ("; other: --against's GF/s, this/other: median of this tree's / its speed per round"
+           if other else ""))
     if args.json:
         info = dict(cpu=cpu_model(), threads=args.threads, peak_gflops=round(peak, 1),
                     peak_source=peak_how, peak_copies=peak_copies, settle_s=args.settle,

@@ -225,6 +225,25 @@ def test_gemm_case_records_the_operands_layout():
     assert all(0 <= x < 64 and x % 4 == 0 for x in layout["line_offsets"])
 
 
+def test_gemm_against_another_build_times_the_same_product():
+    """--against: another tree's minidl._C (here the one imported, found through its
+    tree) computes the same product on the same operands into an output of its own."""
+    import os
+    import numpy as np
+    import bench_gemm
+    import minidl
+    from minidl import _C
+    threads = minidl.get_num_threads()
+    try:  # the same library as _C: its thread count is this process's
+        other = bench_gemm.load_other(os.path.dirname(os.path.dirname(minidl.__file__)), 1)
+        case = bench_gemm.make_case(np, _C, 16, 300, 40, np.random.default_rng(0), other=other)
+        assert case.error() < 1e-4
+    finally:
+        minidl.set_num_threads(threads)
+    with pytest.raises(SystemExit, match="no built"):
+        bench_gemm.load_other(os.path.dirname(__file__), 1)
+
+
 def _layers_round(scale):
     """One round of bench_layers.py's three runs, made up: minidl names its residual
     addition "add", PyTorch "add1", and only PyTorch has a Flatten."""
