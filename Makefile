@@ -16,6 +16,8 @@ PREFIX  ?= /usr/local
 BUILD   := build
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
+# setup.py's C_FLAGS, OPT, AVX2_FLAGS, AVX512_FLAGS, SAN_FLAGS: both compile src_c/ into
+# $(BUILD)/obj/ (setup.py's sanitizer build into $(BUILD)/asan-obj/), so the lists must match
 CFLAGS_COMMON := -std=c11 -fPIC -fopenmp -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -Iinclude
 OPT           := -O3
 AVX2_FLAGS    := -mavx2 -mfma -fno-tree-loop-distribute-patterns -Wa,-mbranches-within-32B-boundaries
@@ -57,7 +59,8 @@ deps:
 	@$(PYTHON) -c "import setuptools, Cython, numpy, pytest, tqdm" 2>/dev/null || \
 	    $(PYTHON) -m pip install -q -r requirements-dev.txt
 
-# the CUDA objects first, in parallel here; setup.py then finds them up to date
+# the CUDA objects first, in parallel here; setup.py then finds them (and the core's
+# objects `make lib` made) up to date
 ext: deps $(if $(NVCC),cuda)
 	$(PYTHON) setup.py -q build_ext --inplace
 

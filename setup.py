@@ -1,5 +1,7 @@
-"""Build minidl: the C core (src_c/) is compiled once (a file per CPU at a time) and
-linked three ways --
+"""Build minidl: the C core (src_c/) is compiled once (a file per CPU at a time, with
+the Makefile's compiler and flags into its objects, build/obj/, so that `make lib` and
+`make ext` compile each file once between them; each is compiled again only when it or
+a header changes) and linked three ways --
 into the Python extension minidl._C, into minidl/lib/libminidl.so and into
 minidl/lib/libminidl.a -- and the public header is copied to minidl/include/,
 so that other tools can link the copy installed with the package
@@ -8,7 +10,7 @@ so that other tools can link the copy installed with the package
 Files named *_avx2.c get -mavx2 -mfma, files named *_avx512.c -mavx512f
 -mavx2 -mfma; everything else is built for the baseline CPU, and the kernels
 pick the AVX2 (or AVX-512) versions at run time.
-MINIDL_SANITIZE=1 builds with AddressSanitizer and UBSan.
+MINIDL_SANITIZE=1 builds with AddressSanitizer and UBSan (its objects in build/asan-obj/).
 
 CUDA: when nvcc is found (on PATH or in $CUDA_HOME/bin) the kernels of
 src_cuda/ are compiled too (one nvcc per file, in parallel) and linked, with
@@ -19,6 +21,7 @@ leaves them out, MINIDL_CUDA=1 makes a missing nvcc an error.
 import concurrent.futures
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,8 +32,11 @@ from setuptools.command.build_ext import build_ext as _build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("src_c/*.c"))
 CORE_HEADERS = sorted(glob.glob("src_c/*.h")) + ["include/minidl.h"]
-BASE_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
-              "-Wno-unused-parameter"]
+# The Makefile's CFLAGS_COMMON, OPT, AVX2_FLAGS, AVX512_FLAGS and SAN_FLAGS: both compile
+# src_c/ into build/obj/ (the sanitizer build into build/asan-obj/), so the lists must match.
+C_FLAGS = ["-std=c11", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
+           "-Wno-unused-parameter", "-Iinclude"]
+OPT = ["-O3"]
 # -Wa,-mbranches-within-32B-boundaries keeps hot loops clear of the JCC-erratum
 # slowdown on Skylake-derived CPUs (GNU as).  -fno-tree-loop-distribute-patterns:
 # the kernels' short row copies stay inline vector loops instead of becoming a libc
@@ -38,15 +44,18 @@ BASE_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-fvisibility=hidden", "-Wall", "-W
 AVX2_FLAGS = ["-mavx2", "-mfma", "-fno-tree-loop-distribute-patterns",
               "-Wa,-mbranches-within-32B-boundaries"]
 AVX512_FLAGS = ["-mavx512f"] + AVX2_FLAGS
+# -fno-var-tracking-assignments: reports keep their files and lines, a debugger sees
+# fewer locals, and the SGEMM's files compile in two thirds of the time
+SAN_FLAGS = ["-O1", "-g", "-fno-var-tracking-assignments", "-fno-omit-frame-pointer",
+             "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 SANITIZE = os.environ.get("MINIDL_SANITIZE") == "1"
 if SANITIZE:
-    # -fno-wrapv undoes Python's -fwrapv: UBSan then checks signed overflow too (and
-    # gemm_avx512.c compiles 2.4x faster).  -fno-var-tracking-assignments: reports keep
-    # their files and lines, a debugger sees fewer locals, and the SGEMM's files compile
-    # in two thirds of the time.  The Makefile's SAN_FLAGS match.
-    BASE_FLAGS = [f for f in BASE_FLAGS if f != "-O3"] + [
-        "-O1", "-g", "-fno-var-tracking-assignments", "-fno-omit-frame-pointer",
-        "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-wrapv"]
+    OPT = SAN_FLAGS
+OBJ_DIR = os.path.join("build", "asan-obj" if SANITIZE else "obj")
+# the bindings (Cython's C): the core's flags; -fno-wrapv undoes Python's -fwrapv, so
+# that UBSan checks signed overflow there too
+EXT_FLAGS = [f for f in C_FLAGS if f not in ("-std=c11", "-Iinclude")] + OPT + (
+    ["-fno-wrapv"] if SANITIZE else []) + ["-Wno-unused-function"]
 LINK_FLAGS = ["-fopenmp"] + (["-fsanitize=address,undefined"] if SANITIZE else [])
 
 CUDA_SOURCES = sorted(glob.glob("src_cuda/*.cu"))
@@ -91,23 +100,27 @@ def parallel_map(fn, items):
         return list(pool.map(fn, items))
 
 
-def build_cuda_library(lib_dir):
-    """src_cuda/*.cu -> objects (skipped when up to date) -> lib_dir/libminidl_cuda.so.
-    The objects go where the Makefile's rule puts them, with the same flags, so that
-    `make ext` and `make cuda` compile each file once between them."""
-    obj_dir = os.path.join("build", "cuda")
+def compile_stale(command, sources, obj_dir, headers):
+    """Each source to obj_dir/NAME.o by command(src, obj), a file per CPU at a time,
+    skipped where the object is newer than its source and every header (as make's
+    rules decide): the objects."""
     os.makedirs(obj_dir, exist_ok=True)
-    newest_header = max(os.path.getmtime(h) for h in CUDA_HEADERS)
+    newest_header = max(os.path.getmtime(h) for h in headers)
 
     def compile_one(src):
-        obj = os.path.join(obj_dir, os.path.basename(src)[:-3] + ".o")
-        if (os.path.exists(obj) and
+        obj = os.path.join(obj_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
+        if not (os.path.exists(obj) and
                 os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)):
-            return obj
-        subprocess.run([NVCC] + NVCC_FLAGS + ["-c", src, "-o", obj], check=True)
+            subprocess.run(command(src, obj), check=True)
         return obj
 
-    objects = parallel_map(compile_one, CUDA_SOURCES)
+    return parallel_map(compile_one, sources)
+
+
+def build_cuda_library(lib_dir):
+    """src_cuda/*.cu -> build/cuda/*.o -> lib_dir/libminidl_cuda.so."""
+    objects = compile_stale(lambda src, obj: [NVCC] + NVCC_FLAGS + ["-c", src, "-o", obj],
+                            CUDA_SOURCES, os.path.join("build", "cuda"), CUDA_HEADERS)
     # --exclude-libs: the static CUDA runtime's symbols stay private to the library
     subprocess.run([NVCC, "-shared", "-cudart", "static", "-Xlinker",
                     "--exclude-libs,ALL,-soname,libminidl_cuda.so", "-o",
@@ -129,15 +142,13 @@ class build_ext(_build_ext):
         sources = [src for src in CORE_SOURCES
                    if x86 or not src.endswith(("_avx2.c", "_avx512.c"))]
 
-        def compile_one(src):
-            flags = BASE_FLAGS + (AVX2_FLAGS if src.endswith("_avx2.c") else
-                                  AVX512_FLAGS if src.endswith("_avx512.c") else [])
-            return cc.compile([src], output_dir=self.build_temp, include_dirs=["include"],
-                              depends=CORE_HEADERS, extra_postargs=flags + ["-fPIC"])[0]
-
-        # the compiler's output directory made here, not by the threads at once
-        os.makedirs(os.path.join(self.build_temp, "src_c"), exist_ok=True)
-        objects = parallel_map(compile_one, sources)
+        # the Makefile's compiler (make's default, cc) and flags, into its objects
+        cc_cmd = shlex.split(os.environ.get("CC", "cc"))
+        objects = compile_stale(
+            lambda src, obj: cc_cmd + C_FLAGS + OPT + (
+                AVX2_FLAGS if src.endswith("_avx2.c") else
+                AVX512_FLAGS if src.endswith("_avx512.c") else []) + ["-c", src, "-o", obj],
+            sources, OBJ_DIR, CORE_HEADERS)
         lib_dir = os.path.join(self.build_lib, "minidl", "lib")
         inc_dir = os.path.join(self.build_lib, "minidl", "include")
         os.makedirs(lib_dir, exist_ok=True)
@@ -153,7 +164,7 @@ class build_ext(_build_ext):
         else:  # nothing of an earlier CUDA build may end up in this one
             remove_cuda_files(os.path.join(self.build_lib, "minidl"))
         for ext in self.extensions:
-            ext.extra_compile_args = [f for f in BASE_FLAGS if f != "-std=c11"] + ["-Wno-unused-function"]
+            ext.extra_compile_args = EXT_FLAGS
             if ext.name == "minidl._cuda":  # links the CUDA library, found next to it at run time
                 ext.library_dirs = [lib_dir]
                 ext.extra_link_args = ["-Wl,-rpath,$ORIGIN/lib"]

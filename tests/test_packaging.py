@@ -69,19 +69,24 @@ def test_environment_variables(env, expect):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_makefile_and_setup_compile_cuda_alike():
-    """setup.py and the Makefile compile the CUDA kernels into the same objects
-    (build/cuda/), so both must pass nvcc the same flags."""
+def test_makefile_and_setup_compile_alike():
+    """setup.py and the Makefile compile the C core and the CUDA kernels into the same
+    objects (build/obj/, build/cuda/), so both must pass the compilers the same flags."""
     import ast
     root = os.path.dirname(HERE)
-    tree = ast.parse(open(os.path.join(root, "setup.py")).read())
-    lists = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and node.targets[0].id in ("CUDA_ARCH", "NVCC_FLAGS"):
-            lists[node.targets[0].id] = node.value
-    arch = ast.literal_eval(lists["CUDA_ARCH"])
-    flags = ast.literal_eval(lists["NVCC_FLAGS"].left) + arch  # [...] + CUDA_ARCH
-    out = subprocess.run(["make", "-s", "-C", root, "--eval", "nvccflags: ; @echo $(NVCCFLAGS)",
-                          "nvccflags"], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, MAKELEVEL="1")).stdout
-    assert out.split() == flags
+    assigns = {node.targets[0].id: node.value for node in ast.parse(
+        open(os.path.join(root, "setup.py")).read()).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+
+    def value(node):  # a list literal, a name of one, or a sum of those
+        if isinstance(node, ast.BinOp):
+            return value(node.left) + value(node.right)
+        return value(assigns[node.id]) if isinstance(node, ast.Name) else ast.literal_eval(node)
+
+    pairs = {"C_FLAGS": "CFLAGS_COMMON", "OPT": "OPT", "AVX2_FLAGS": "AVX2_FLAGS",
+             "AVX512_FLAGS": "AVX512_FLAGS", "SAN_FLAGS": "SAN_FLAGS", "NVCC_FLAGS": "NVCCFLAGS"}
+    rule = "flags: ; " + " && ".join(f"echo '$({var})'" for var in pairs.values())
+    out = subprocess.run(["make", "-s", "-C", root, "--eval", rule, "flags"], capture_output=True,
+                         text=True, check=True, env=dict(os.environ, MAKELEVEL="1")).stdout
+    for (ours, theirs), line in zip(pairs.items(), out.splitlines(), strict=True):
+        assert line.split() == value(assigns[ours]), (ours, theirs)
