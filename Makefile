@@ -146,8 +146,13 @@ ifneq ($(NVCC),)
 	$(BUILD)/test_cuda_capi
 endif
 
+# one pytest process per CPU where pytest-xdist is installed (requirements-dev.txt); their
+# OpenMP threads then outnumber the CPUs, so a waiting one sleeps instead of spinning
+PYTEST = $(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo y),OMP_WAIT_POLICY=passive \
+         $(PYTHON) -m pytest -n $(shell nproc 2>/dev/null || echo 1),$(PYTHON) -m pytest)
+
 test-py: ext
-	$(PYTHON) -m pytest -q tests
+	$(PYTEST) -q tests
 
 test: $(if $(NVCC),cuda) test-c test-py
 
@@ -157,8 +162,6 @@ test: $(if $(NVCC),cuda) test-c test-py
 ASAN_RT := $(shell $(CC) -print-file-name=libasan.so)
 UBSAN_RT := $(shell $(CC) -print-file-name=libubsan.so)
 SAN_PY  := $(abspath $(BUILD)/asan-py)
-# one pytest process per CPU where pytest-xdist is installed (requirements-dev.txt)
-SAN_PAR = $(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo y),-n $(shell nproc 2>/dev/null || echo 1))
 
 sanitize:
 	MINIDL_SANITIZE=1 $(PYTHON) setup.py -q build --build-base $(BUILD)/asan-setup --build-lib $(SAN_PY)
@@ -167,7 +170,7 @@ sanitize:
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/test_capi_asan
 	cd tests && LD_PRELOAD="$(ASAN_RT) $(UBSAN_RT)" ASAN_OPTIONS=detect_leaks=0 \
 	    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH=$(SAN_PY) MINIDL_EXPECT_PATH=$(SAN_PY) \
-	    $(PYTHON) -m pytest -q -x -p no:cacheprovider $(SAN_PAR) -m "not external and not slow" .
+	    $(PYTEST) -q -x -p no:cacheprovider -m "not external and not slow" .
 
 bench: ext
 	$(PYTHON) bench/bench_gemm.py

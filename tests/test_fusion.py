@@ -523,30 +523,54 @@ def _cuda_missing():
     return None
 
 
+def _resnet20_plain_and_fused(device, algo, steps):
+    """resnet20 (batch 16) trained `steps` steps with the convolutions' algorithm `algo`,
+    by the plain plan on the cpu and the fused one on `device`: the parameters and the
+    first step's gradients of each."""
+    minidl.set_conv_algo(algo)
+    try:
+        plain, g_plain, _ = _train("resnet20", "cpu", False, 16, steps)
+        fused, g_fused, ex = _train("resnet20", device, True, 16, steps)
+    finally:
+        minidl.set_conv_algo("auto")
+    assert ex.plan.passes == ["fusion"]
+    return plain, g_plain, fused, g_fused
+
+
+_DEVICES = ["cpu", pytest.param("sim", marks=pytest.mark.slow), pytest.param(
+    "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))]
+
+
 @pytest.mark.parametrize("algo", ["gemm", "auto"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.slow), pytest.param(
-    "cuda", marks=pytest.mark.skipif(_cuda_missing() is not None, reason="needs CUDA"))])
+@pytest.mark.parametrize("device", _DEVICES)
+def test_fused_first_steps_match_the_plain_plan(device, algo):
+    """resnet20, 2 SGD steps (batch 16, momentum 0.9): the kernels of the 20-step
+    comparison below, in a run short enough for `make sanitize`.  With the convolutions'
+    GEMM the first step's gradients agree per tensor within 5e-5 and the parameters after
+    2 steps within a relative L2 distance of 1e-6 (2.4e-8 measured on AVX2); with the
+    default algorithm, whose Winograd rounds otherwise (3.7e-5 measured on AVX2), 2e-3."""
+    plain, g_plain, fused, g_fused = _resnet20_plain_and_fused(device, algo, 2)
+    if algo == "gemm":
+        for k in g_plain:
+            assert_close(g_fused[k], g_plain[k], "batch_norm", f"first step's gradient of {k}")
+    assert _rel_l2(plain, fused) < (1e-6 if algo == "gemm" else 2e-3)
+    assert fused["bn1.num_batches_tracked"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["gemm", "auto"])
+@pytest.mark.parametrize("device", _DEVICES)
 def test_fused_training_matches_the_plain_plan(device, algo):
     """resnet20, 20 SGD steps (batch 16, momentum 0.9): the parameters and running
     statistics after 20 steps agree within a relative L2 distance over all of them of
     3e-3 with the convolutions' GEMM and 5e-3 with the default algorithm (on AVX-512,
     Winograd F(4x4, 3x3), whose rounding error per convolution is about ten times the
-    GEMM's); with the GEMM, the first step's gradients also agree per tensor within 5e-5.
-    This net at this batch is very sensitive to rounding: the input times (1 + 1e-6
-    noise) moves the first step's gradients by up to 7%; the plain plan with GEMM
-    against Winograd ends 2.7e-3 apart; summing the strided layers' data gradient by
-    phases instead of by col2im (the same products, in another order) moved the plain
-    plan's parameters by 2.1e-3; fused against plain: 2.1e-3 (GEMM) and 3.1e-3."""
-    minidl.set_conv_algo(algo)
-    try:
-        plain, g_plain, _ = _train("resnet20", "cpu", False, 16, 20)
-        fused, g_fused, ex = _train("resnet20", device, True, 16, 20)
-    finally:
-        minidl.set_conv_algo("auto")
-    assert ex.plan.passes == ["fusion"]
-    if algo == "gemm":
-        for k in g_plain:
-            assert_close(g_fused[k], g_plain[k], "batch_norm", f"first step's gradient of {k}")
+    GEMM's).  This net at this batch is very sensitive to rounding: the input times
+    (1 + 1e-6 noise) moves the first step's gradients by up to 7%; the plain plan with
+    GEMM against Winograd ends 2.7e-3 apart; summing the strided layers' data gradient
+    by phases instead of by col2im (the same products, in another order) moved the
+    plain plan's parameters by 2.1e-3; fused against plain: 2.1e-3 (GEMM) and 3.1e-3."""
+    plain, _, fused, _ = _resnet20_plain_and_fused(device, algo, 20)
     assert _rel_l2(plain, fused) < (3e-3 if algo == "gemm" else 5e-3)
     assert fused["bn1.num_batches_tracked"] == 20
 
