@@ -158,6 +158,29 @@ def test_executor_checks_its_input(rng):
         Executor(net, make_plan(models.build("cifar10_quick", seed=None), 2))
 
 
+def test_timings_count_the_gradient_sums_in_the_layer_that_adds(rng, monkeypatch):
+    """A residual block's input gradient is summed by the executor in the plain plan and
+    by the convolution's store in the fused one: either way the layer's backward time
+    includes it, so the two plans' per-layer times compare like with like."""
+    import time
+
+    from minidl import runtime
+    net = models.build("resnet20", seed=0)
+    ex = Executor(net, make_plan(net, 2, fuse=False))
+    add = runtime.ops.add
+
+    def slow_add(a, b):
+        time.sleep(0.05)
+        return add(a, b)
+
+    monkeypatch.setattr(runtime.ops, "add", slow_add)
+    ex.timings = {}
+    ex.train_step(rng.standard_normal((2, 3, 32, 32)).astype(np.float32), np.array([1, 2]))
+    summed = [k for k, (_, back) in ex.timings.items() if back >= 0.05]
+    # each block's first convolution hands back the gradient that meets the shortcut's
+    assert summed == [f"layer{i}.{j}.conv1" for i in (1, 2, 3) for j in range(3)]
+
+
 def test_predict_uses_running_statistics_and_no_dropout(rng):
     net = Net((4,))
     net.add("bn", nn.BatchNorm2d())

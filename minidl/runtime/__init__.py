@@ -20,7 +20,8 @@ the cpu, each convolution absorbs the BatchNorm2d and ReLU that directly follow 
 (minidl.plan.inference_fusion): the BatchNorm folded into its weights and bias, the
 ReLU applied by its epilogue.
 
-Optional instruments: per step forward/backward seconds (`timings`) and memory
+Optional instruments: per step forward/backward seconds (`timings`; a layer's
+backward includes adding its input gradients to those already there) and memory
 (`track_memory`): on the cpu the activation bytes the executor holds, counted from
 the arrays themselves; on a device the device's own peak over the step.
 """
@@ -311,8 +312,6 @@ class Executor:
             if "accumulates-dx" in s.fused and self._sole_holder(grads, s.inputs[0], dy):
                 kw["add_dx_to"] = grads[s.inputs[0]]  # the sum made by the kernel's store
             dxs = nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx), **kw)
-            if self.timings is not None:
-                self._time(s.name, 1, t0)
             for x, need, dx in zip(s.inputs, s.need_dx, dxs):
                 if not need or kw:
                     continue
@@ -325,6 +324,8 @@ class Executor:
                     del total
                 else:
                     grads[x] = dx
+            if self.timings is not None:  # the sums included, as where a kernel's store adds
+                self._time(s.name, 1, t0)
             if self.track_memory:
                 self._measure(list(grads.values()), list(ctx.values()), saved, dy, dxs)
             del dy, dxs, saved
