@@ -104,30 +104,44 @@ static inline void affine_row(float *d, const float *src, int64_t w, int mapped,
         copy_row(d, src, w);
 }
 
-void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq)
+/* R rows' sums side by side: each row's own chain of adds is the same as alone, but one
+ * chain waits on the add's latency for every vector, R of them keep the adder busy */
+static inline __attribute__((always_inline)) void
+row_sums(const int R, int64_t P, const float *y, double *sum, double *sumsq)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *p = y + r * P;
-        double s = 0.0, q = 0.0;
-        for (int64_t j0 = 0; j0 < P; j0 += 128) {
-            const int64_t j1 = j0 + 128 < P ? j0 + 128 : P;
-            __m256 a = _mm256_setzero_ps(), b = a;
-            int64_t j = j0;
-            for (; j + 8 <= j1; j += 8) {
-                const __m256 v = _mm256_loadu_ps(p + j);
-                a = _mm256_add_ps(a, v);
-                b = _mm256_fmadd_ps(v, v, b);
+    double s[4] = {0.0}, q[4] = {0.0};
+    for (int64_t j0 = 0; j0 < P; j0 += 128) {
+        const int64_t j1 = j0 + 128 < P ? j0 + 128 : P;
+        __m256 a[4], b[4];
+        for (int i = 0; i < R; i++) a[i] = b[i] = _mm256_setzero_ps();
+        int64_t j = j0;
+        for (; j + 8 <= j1; j += 8)
+            for (int i = 0; i < R; i++) {
+                const __m256 v = _mm256_loadu_ps(y + i * P + j);
+                a[i] = _mm256_add_ps(a[i], v);
+                b[i] = _mm256_fmadd_ps(v, v, b[i]);
             }
-            s += mdl_hsum_ps(a);
-            q += mdl_hsum_ps(b);
-            for (; j < j1; j++) {
-                s += p[j];
-                q += (double)p[j] * p[j];
+        for (int i = 0; i < R; i++) {
+            const float *p = y + i * P;
+            s[i] += mdl_hsum_ps(a[i]);
+            q[i] += mdl_hsum_ps(b[i]);
+            for (int64_t t = j; t < j1; t++) {
+                s[i] += p[t];
+                q[i] += (double)p[t] * p[t];
             }
         }
-        sum[r] += s;
-        sumsq[r] += q;
     }
+    for (int i = 0; i < R; i++) {
+        sum[i] += s[i];
+        sumsq[i] += q[i];
+    }
+}
+
+void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum, double *sumsq)
+{
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) row_sums(4, P, y + r * P, sum + r, sumsq + r);
+    for (; r < rows; r++) row_sums(1, P, y + r * P, sum + r, sumsq + r);
 }
 
 void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
