@@ -5,11 +5,12 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from minidl import Net, models, nn
+from minidl import Net, models, nn, runtime
 from minidl.nn import ShapeError
 from minidl.plan import inference_fusion, make_plan
 from minidl.runtime import Executor
@@ -162,9 +163,6 @@ def test_timings_count_the_gradient_sums_in_the_layer_that_adds(rng, monkeypatch
     """A residual block's input gradient is summed by the executor in the plain plan and
     by the convolution's store in the fused one: either way the layer's backward time
     includes it, so the two plans' per-layer times compare like with like."""
-    import time
-
-    from minidl import runtime
     net = models.build("resnet20", seed=0)
     ex = Executor(net, make_plan(net, 2, fuse=False))
     add = runtime.ops.add
