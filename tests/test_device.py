@@ -279,6 +279,64 @@ def test_plan_predicts_the_peak_the_sim_device_measures(name, optimizer, rng):
     assert dev.in_use == m["params"] + m["buffers"] + m["grads"] + m["optimizer"]
 
 
+def _summed_gradient_net():
+    """conv3's data gradient is added to the one the Add gave conv2's output, and is
+    freed then, before conv2's backward makes its larger input gradient."""
+    net = minidl.Net((1, 8, 8))
+    net.add("conv1", minidl.nn.Conv2d(out_channels=4, padding=1))
+    net.add("conv2", minidl.nn.Conv2d(out_channels=8, stride=2, padding=1, bias=False))
+    net.add("conv3", minidl.nn.Conv2d(out_channels=8, padding=1, bias=False))
+    net.add("add", minidl.nn.Add(), ["conv3", "conv2"])
+    net.add("flat", minidl.nn.Flatten())
+    net.add("fc", minidl.nn.Linear(out_features=3))
+    return net
+
+
+def _shared_shortcut_net():
+    """relu1 read by a convolution and two Adds: fused, add1's backward (which does bn2's)
+    makes both its input gradients at once, and relu1's is added to add2's."""
+    nn = minidl.nn
+    net = minidl.Net((3, 8, 8))
+    net.add("conv1", nn.Conv2d(out_channels=8, padding=1, bias=False))
+    net.add("bn1", nn.BatchNorm2d())
+    net.add("relu1", nn.ReLU())
+    net.add("conv2", nn.Conv2d(out_channels=8, padding=1, bias=False))
+    net.add("bn2", nn.BatchNorm2d())
+    net.add("add1", nn.Add(), ["relu1", "bn2"])
+    net.add("relu2", nn.ReLU())
+    net.add("conv3", nn.Conv2d(out_channels=8, padding=1, bias=False))
+    net.add("add2", nn.Add(), ["relu1", "conv3"])
+    net.add("conv4", nn.Conv2d(out_channels=4, kernel_size=1, bias=False))
+    net.add("pool", nn.GlobalAvgPool2d())
+    net.add("fc", nn.Linear(out_features=3))
+    return net
+
+
+@pytest.mark.parametrize("make", [_summed_gradient_net, _shared_shortcut_net])
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+def test_plan_predicts_the_peak_where_input_gradients_are_summed(make, fuse, rng):
+    """Where a node's second gradient arrives, the sum replaces both at once, after the
+    layer's backward has made all its input gradients: the cpu's activation peak and
+    sim's device peak are the plan's."""
+    x, y = _r(rng, 4, *make().input_shape), rng.integers(0, 3, 4)
+    net = make().initialize(0)
+    plan = make_plan(net, 4, fuse=fuse)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    ex.train_step(x, y)
+    assert ex.peak_activation_bytes == plan.memory["activation_peak"]
+    dev = sim()
+    net = make().initialize(0).to(dev)
+    opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
+    plan = make_plan(net, 4, device=dev, fuse=fuse)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    for _ in range(2):
+        ex.train_step(x, y)
+        opt.step()
+        assert ex.peak_device_bytes == plan.memory["peak"]
+
+
 def test_a_step_over_budget_changes_nothing_and_a_bigger_budget_then_works():
     ref_net, ref_opt, _, _ = _train("resnet20", "cpu", OPTIMIZERS["sgd_momentum"], steps=2)
     dev = sim()

@@ -6,7 +6,8 @@ import pytest
 
 import minidl
 from minidl import _C, models, ops
-from minidl.nn import Add, AvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, Mapped, ReLU
+from minidl.nn import (Add, AvgPool2d, BatchNorm2d, Conv2d, Flatten, GlobalAvgPool2d, Linear,
+                       Mapped, ReLU)
 from minidl.optim import SGD
 from minidl.plan import fusion, make_plan
 from minidl.runtime import Executor
@@ -375,6 +376,48 @@ def test_fusion_pass_leaves_what_it_cannot_fuse():
     two.add("bn", BatchNorm2d())
     two.add("other", ReLU(), "conv")  # the convolution has two readers
     assert "bn" not in fusion(two)
+
+
+def _unread_branches_net():
+    """A branch whose last node nothing reads (computed, but no gradient flows back),
+    a BatchNorm's ReLU; and a BatchNorm whose convolution the Add after it reads too
+    (so that BatchNorm is not fused)."""
+    net = minidl.Net((3, 8, 8))
+    net.add("conv1", Conv2d(out_channels=4, padding=1, bias=False))
+    net.add("bn1", BatchNorm2d())
+    net.add("relu1", ReLU())                                  # read by nothing
+    net.add("conv2", Conv2d(out_channels=4, padding=1, bias=False), "input")
+    net.add("bn2", BatchNorm2d())
+    net.add("add", Add(), ["conv2", "bn2"])
+    net.add("relu2", ReLU())
+    net.add("conv3", Conv2d(out_channels=4, padding=1, bias=False))
+    net.add("bn3", BatchNorm2d())
+    net.add("pool", GlobalAvgPool2d())
+    net.add("fc", Linear(out_features=3))
+    return net
+
+
+def test_branches_nothing_reads_train_as_the_plain_plan(rng):
+    """The fusion pass leaves outputs nothing reads written, the plan's memory is what
+    the executor holds (such an output lives to the end of forward), and the gradients
+    are the plain plan's (none for the branch nothing reads)."""
+    net = _unread_branches_net().initialize(0)
+    tags = fusion(net)
+    assert tags["bn1"] == ["from-sums", "applies-relu"] and "bn2" not in tags
+    x, y = f32(rng, 4, 3, 8, 8), rng.integers(0, 3, 4)
+    grads = {}
+    for fuse in (False, True):
+        plan = make_plan(net, 4, fuse=fuse)
+        ex = Executor(net, plan)
+        ex.track_memory = True
+        ex.train_step(x, y)
+        assert ex.peak_activation_bytes == plan.memory["activation_peak"], fuse
+        grads[fuse] = {k: p.grad for k, p in net.parameters().items()}
+    for k, g in grads[False].items():
+        if k.startswith(("conv1.", "bn1.")):
+            assert g is None and grads[True][k] is None, k
+        else:
+            assert_close(grads[True][k], g, "batch_norm", k)
 
 
 def test_step_bytes_from_the_shapes():

@@ -177,6 +177,13 @@ def _sole_reader(net: Net, readers, k: str, kind: str) -> Optional[str]:
 MAPPED_READERS = ("Conv2d", "Add", "MaxPool2d")  # the layers that read a Mapped input
 
 
+def _read_mapped(net: Net, readers, kind, k: str) -> bool:
+    """Whether node k can be left unwritten: it is not the net's output and is read,
+    by layers that all read a Mapped input (a node nothing reads is written)."""
+    return k != net.output and bool(readers.get(k)) and \
+        all(kind[r] in MAPPED_READERS for r in readers[k])
+
+
 def fusion(net: Net) -> Dict[str, List[str]]:
     """The fusion pass: tags per node name (the module doc says what each means)."""
     readers = _readers(net)
@@ -197,7 +204,7 @@ def fusion(net: Net) -> Dict[str, List[str]]:
             tag(k, "from-sums")
             relu = sole_reader(k, "ReLU")
             last = relu or k
-            if last != net.output and all(kind[r] in MAPPED_READERS for r in readers[last]):
+            if _read_mapped(net, readers, kind, last):
                 tag(k, "mapped", *(("masks-relu",) if relu else ()))
                 if relu:
                     tag(relu, "mapped")
@@ -251,10 +258,10 @@ def _reconstruction(net: Net, readers, kind, tags) -> None:
     for k, n in net.layers():
         relu = _sole_reader(net, readers, k, "ReLU") if kind[k] == "Add" else None
         if relu is None or tags.get(relu) != ["absorbed"] or \
-                not all(kind[r] in MAPPED_READERS for r in readers[relu]):
+                not _read_mapped(net, readers, kind, relu):
             continue
         for i, x in enumerate(n.inputs):
-            if kind.get(x) != "BatchNorm2d" or "mapped" not in tags[x] or \
+            if kind.get(x) != "BatchNorm2d" or "mapped" not in tags.get(x, ()) or \
                     "masks-relu" in tags[x] or readers[x] != [k]:
                 continue
             other = root[n.inputs[1 - i]]
@@ -404,11 +411,15 @@ def simulate_activations(net: Net, plan: Plan):
     """(bytes kept for backward at the end of forward, peak activation bytes, peak step
     bytes), replaying the executor's references: the batch (images, int64 labels) is
     on the device from the start, the labels until the loss; a forward output lives
-    while a later step still reads it or a step keeps it for backward, with what a
-    layer saves besides (BatchNorm's statistics); a gradient lives until its node's
-    backward step has run; layers with gradient_is_view pass it on uncopied.  The step
+    while a later step still reads it or a step keeps it for backward (one nothing
+    reads, to the end of forward), with what a layer saves besides (BatchNorm's
+    statistics); a gradient lives until its node's backward step has run; a layer's
+    backward makes all its input gradients at once, and where a node already has one
+    the sum replaces both; layers with gradient_is_view pass it on uncopied.  The step
     peak adds the parameter gradients, made by each backward step and kept to the end
-    (the executor drops the previous step's at the start of a step)."""
+    (the executor drops the previous step's at the start of a step), and in a fused
+    forward a convolution's float64 channel sums until its BatchNorm's forward, and a
+    written BatchNorm's map (scale, shift) while it writes its output."""
     root = storage_of(net, {s.name: s.fused for s in plan.steps})
     by_name = {s.name: s for s in plan.steps}
     size = {k: plan.batch_size * int(np.prod(n.shape)) * F32 for k, n in net.nodes.items()}
@@ -418,9 +429,11 @@ def simulate_activations(net: Net, plan: Plan):
     cur = {"act": 0, "all": 0}
     peak = dict(cur)
 
+    step_only = ("param_grad", "sums", "map")  # in the step's bytes, not the activations'
+
     def new(key, b):
         refs[key], nbytes[key] = 1, b
-        for k in cur if key[0] != "param_grad" else ("all",):
+        for k in cur if key[0] not in step_only else ("all",):
             cur[k] += b
             peak[k] = max(peak[k], cur[k])
 
@@ -432,7 +445,7 @@ def simulate_activations(net: Net, plan: Plan):
         if refs[key] == 0:
             b = nbytes.pop(key)
             del refs[key]
-            for k in cur if key[0] != "param_grad" else ("all",):
+            for k in cur if key[0] not in step_only else ("all",):
                 cur[k] -= b
 
     new(("act", INPUT), size[INPUT])
@@ -444,6 +457,14 @@ def simulate_activations(net: Net, plan: Plan):
             inc(("act", root[s.name]))
         if s.saved_bytes:
             new(("saved", s.name), s.saved_bytes)
+        channels = net.nodes[s.name].shape[0]
+        if "stats" in s.fused:  # float64 sums per channel, kept for the BatchNorm's forward
+            new(("sums", s.name), 16 * channels)
+        if "from-sums" in s.fused:
+            if "mapped" not in s.fused:  # the map (scale, shift) while the output is written
+                new(("map", s.name), 8 * channels)
+                dec(("map", s.name))
+            dec(("sums", s.inputs[0]))
         for t in s.kept:
             inc(("act", t))
         for x in dict.fromkeys(s.inputs):
@@ -451,6 +472,9 @@ def simulate_activations(net: Net, plan: Plan):
                 dec(("act", root[x]))
     kept = sum(nbytes[("act", t)] for t in {t for s in plan.steps for t in s.kept})
     kept += sum(s.saved_bytes for s in plan.steps)
+    for s in plan.steps:  # outputs nothing reads live to the end of forward
+        if s.name not in last_read and s.name != net.output:
+            dec(("act", root[s.name]))
     grads = {net.output: ("grad", net.output)}
     new(grads[net.output], size[net.output])  # dlogits from the loss
     dec(("act", root[net.output]))
@@ -469,17 +493,20 @@ def simulate_activations(net: Net, plan: Plan):
                     new(("param_grad", k), by_name[k].param_bytes)
             x = s.inputs[0]  # dx added to a gradient nothing else holds (as the Executor)
             adds = "accumulates-dx" in s.fused and x in grads and refs[grads[x]] == 1
+            dxs = {}  # the input gradients, all made by the layer's backward
             for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
                 if not need or adds:
                     continue
                 if s.grad_view:
-                    dx = dy
+                    dxs[j] = dy
                     inc(dy)
                 else:
-                    dx = ("grad", s.name, j)
-                    new(dx, size[x])
+                    dxs[j] = ("grad", s.name, j)
+                    new(dxs[j], size[x])
+            for j, dx in dxs.items():
+                x = s.inputs[j]
                 if x in grads:  # a second consumer's gradient: their sum is a new array
-                    total = ("sum", x, i)
+                    total = ("sum", x, i, j)
                     new(total, size[x])
                     dec(grads[x])
                     dec(dx)

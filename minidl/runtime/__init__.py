@@ -311,19 +311,19 @@ class Executor:
             kw = {}
             if "accumulates-dx" in s.fused and self._sole_holder(grads, s.inputs[0], dy):
                 kw["add_dx_to"] = grads[s.inputs[0]]  # the sum made by the kernel's store
-            dxs = nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx), **kw)
-            for x, need, dx in zip(s.inputs, s.need_dx, dxs):
+            dxs = list(nodes[s.name].layer.backward(dy, saved, need_dx=any(s.need_dx), **kw))
+            for j, (x, need) in enumerate(zip(s.inputs, s.need_dx)):
                 if not need or kw:
                     continue
-                if x in grads:
-                    total = ops.add(grads[x], dx)
+                if x in grads:  # a second gradient: the sum replaces both
+                    total = ops.add(grads[x], dxs[j])
                     if self.track_memory:
                         self._measure(list(grads.values()), list(ctx.values()), saved, dy,
                                       dxs, total)
-                    grads[x] = total
+                    grads[x], dxs[j] = total, None
                     del total
                 else:
-                    grads[x] = dx
+                    grads[x] = dxs[j]
             if self.timings is not None:  # the sums included, as where a kernel's store adds
                 self._time(s.name, 1, t0)
             if self.track_memory:

@@ -1,0 +1,94 @@
+"""Random nets (seeded DAGs of every layer kind: residual Adds, branches read twice or
+not at all, pools, strided convolutions) through the planner and the executor, fused
+and not: the plan's memory prediction is what the cpu and sim measure, and the fused
+plan computes the plain plan's loss."""
+import numpy as np
+import pytest
+
+import minidl
+from minidl import nn
+from minidl.device import get_device
+from minidl.optim import SGD
+from minidl.plan import make_plan
+from minidl.runtime import Executor
+
+
+def random_net(seed: int) -> minidl.Net:
+    r = np.random.default_rng(seed)
+    size = int(r.choice([8, 9, 12]))
+    net = minidl.Net((int(r.choice([1, 3])), size, size), f"random{seed}")
+    names = []
+
+    def add(layer, inputs=None):
+        names.append(f"n{len(names)}_{type(layer).__name__}")
+        net.add(names[-1], layer, inputs)
+        return names[-1]
+
+    def bn_fits(node):  # at least 8 values per channel at batch 2, no BatchNorm of one
+        c, h, w = net.nodes[node].shape
+        return h * w >= 4 and not isinstance(net.nodes[node].layer, nn.BatchNorm2d)
+
+    cur = add(nn.Conv2d(out_channels=int(r.choice([4, 8])), padding=1, bias=bool(r.random() < .3)))
+    for _ in range(int(r.integers(3, 10))):
+        c, h, _ = net.nodes[cur].shape
+        t = r.random()
+        if t < .25:
+            k = int(r.choice([1, 3, 5]))
+            cur = add(nn.Conv2d(out_channels=int(r.choice([c, 2 * c])), kernel_size=k,
+                                stride=int(r.choice([1, 2])) if h > 4 else 1, padding=k // 2,
+                                bias=bool(r.random() < .3)), cur)
+        elif t < .4 and bn_fits(cur):
+            cur = add(nn.BatchNorm2d(), cur)
+        elif t < .55:
+            cur = add(nn.ReLU(), cur)
+        elif t < .65 and h >= 4:
+            cur = add(nn.MaxPool2d(int(r.choice([2, 3])), stride=2, ceil_mode=bool(r.random() < .3))
+                      if r.random() < .6 else nn.AvgPool2d(2), cur)
+        elif t < .9:  # a residual block: conv (bn) (relu conv (bn)), added to a same-shape node
+            b = add(nn.Conv2d(out_channels=c, padding=1, bias=False), cur)
+            if bn_fits(b) and r.random() < .8:
+                b = add(nn.BatchNorm2d(), b)
+            if r.random() < .6:
+                b = add(nn.Conv2d(out_channels=c, padding=1, bias=False), add(nn.ReLU(), b))
+                if bn_fits(b) and r.random() < .8:
+                    b = add(nn.BatchNorm2d(), b)
+            same = [k for k in names if k != b and net.nodes[k].shape == net.nodes[b].shape]
+            other = str(r.choice(same)) if same and r.random() < .4 else cur
+            cur = add(nn.Add(), [b, other] if r.random() < .5 else [other, b])
+            if r.random() < .7:
+                cur = add(nn.ReLU(), cur)
+        else:  # go on from an earlier node: cur is read by nothing more, or by fewer
+            cur = str(r.choice(names))
+    add(nn.GlobalAvgPool2d() if r.random() < .5 else nn.Flatten(), cur)
+    add(nn.Linear(out_features=10))
+    return net
+
+
+SEEDS = range(40)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_nets_memory_and_fusion(seed):
+    batch = 2 + seed % 4
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *random_net(seed).input_shape)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    losses = []
+    for fuse in (False, True):
+        net = random_net(seed).initialize(seed)
+        plan = make_plan(net, batch, fuse=fuse)
+        ex = Executor(net, plan)
+        ex.track_memory = True
+        losses.append(ex.train_step(x, y)[0])
+        assert ex.peak_activation_bytes == plan.memory["activation_peak"], fuse
+        dev = get_device("sim")
+        net = random_net(seed).initialize(seed).to(dev)
+        opt = SGD(net.parameters(), lr=0.01, momentum=0.9)
+        plan = make_plan(net, batch, device=dev, fuse=fuse)
+        ex = Executor(net, plan)
+        ex.track_memory = True
+        for _ in range(2):
+            ex.train_step(x, y)
+            opt.step()
+            assert ex.peak_device_bytes == plan.memory["peak"], fuse
+    assert np.isfinite(losses[0]) and abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0])
