@@ -550,6 +550,22 @@ def test_loader_order():
                                       np.arange(103))
 
 
+def test_each_iteration_is_the_next_epoch():
+    """A plain loop over the loader reshuffles every epoch: iteration k is epoch k, or
+    counts on from the epoch set_epoch chose (its start only for that iteration);
+    iter_from does not move the epoch on."""
+    labels = lambda batches: np.concatenate([y for _, y in batches])   # noqa: E731
+    want = [labels(epoch(make_loader(), e)) for e in range(4)]
+    loader = make_loader()
+    for e in range(2):
+        np.testing.assert_array_equal(labels(loader), want[e])
+    assert not np.array_equal(want[0], want[1])
+    loader.set_epoch(2, start=5)
+    np.testing.assert_array_equal(labels(loader), want[2][5 * 10:])
+    np.testing.assert_array_equal(labels(loader.iter_from(0)), want[3])
+    np.testing.assert_array_equal(labels(loader), want[3])
+
+
 @pytest.mark.parametrize("augment", [False, True])
 def test_loader_resume(augment):
     loader = make_loader(augment=augment)

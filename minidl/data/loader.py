@@ -18,6 +18,9 @@ class DataLoader:
     ``images`` uint8 (N, C, H, W) and ``labels`` int64 (N,), with
     ``x = (image / 255 - mean) / std`` per channel.
 
+    - Each iteration over the loader is the next epoch: the first is epoch 0 (or the
+      one ``set_epoch`` chose), each later one the epoch after the last, so
+      ``for epoch in range(E): for x, y in loader`` reshuffles every epoch.
     - ``shuffle``: epoch ``e`` visits the samples in the order
       ``numpy.random.default_rng([seed, e]).permutation(N)``, whatever happened
       before, so a run resumed mid-epoch sees the same batches; otherwise in order.
@@ -102,7 +105,8 @@ class DataLoader:
                                                             len(self.labels)))
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Iterate over epoch ``epoch`` from batch ``start`` on (until set again)."""
+        """The next iteration runs epoch ``epoch`` from batch ``start`` on (the ones
+        after it, the following epochs from their first batch)."""
         _check_int("epoch", epoch, 0)
         _check_int("start", start, 0)
         if start > len(self):
@@ -110,10 +114,15 @@ class DataLoader:
         self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_from(self.start)
+        """The batches of epoch ``self.epoch`` from batch ``self.start`` on; the next
+        iteration is the epoch after it."""
+        it = self.iter_from(self.start)
+        self.epoch, self.start = self.epoch + 1, 0
+        return it
 
     def iter_from(self, start: int) -> Iterator[Batch]:
-        """Batches ``start``, ``start + 1``, ... of the current epoch."""
+        """Batches ``start``, ``start + 1``, ... of epoch ``self.epoch`` (which this does
+        not move on)."""
         _check_int("start", start, 0)
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(len(self.labels))
                  if self.shuffle else None)
