@@ -88,6 +88,22 @@ def test_shape_errors_name_the_node_and_the_inputs():
         Net((3, 0, 4))
 
 
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: nn.Conv2d(None, 4, kernel_size=(3,)), TypeError,
+     r"kernel_size must be an int or an \(h, w\) pair of ints, got \(3,\)"),
+    (lambda: nn.Conv2d(None, 4, 2.5), TypeError, "kernel_size must be an int or .* got 2.5"),
+    (lambda: nn.MaxPool2d(2, stride="2"), TypeError, "stride must be an int or .* got '2'"),
+    (lambda: nn.AvgPool2d(2, padding=True), TypeError, "padding must be an int or"),
+    (lambda: nn.BatchNorm2d(momentum=2), ValueError, r"momentum must be a number in \[0, 1\]"),
+    (lambda: nn.BatchNorm2d(momentum=None), ValueError, "momentum must be a number"),
+    (lambda: nn.BatchNorm2d(eps=-1e-5), ValueError, "eps must be a finite number >= 0"),
+])
+def test_layer_arguments_of_the_wrong_form(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+    assert nn.Conv2d(None, 4, np.int64(3)).kernel_size == (3, 3)
+
+
 def test_state_dict_round_trip_and_errors():
     a = models.build("resnet20", seed=1)
     b = models.build("resnet20", seed=2)

@@ -31,6 +31,7 @@ output) instead of its input.
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -93,8 +94,13 @@ def _move(a, dev):
     return dev.to_device(a)
 
 
-def _pair(v) -> Tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _pair(name: str, v) -> Tuple[int, int]:
+    """An int or an (h, w) pair, as a pair; build checks the values."""
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return tuple(v)
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return v, v
+    raise TypeError(f"{name} must be an int or an (h, w) pair of ints, got {v!r}")
 
 
 def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
@@ -211,8 +217,8 @@ class Conv2d(Layer):
                  weight_init: _init.Spec = "kaiming", bias_init: _init.Spec = 0.0):
         super().__init__()
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding = (_pair(kernel_size), _pair(stride),
-                                                       _pair(padding))
+        self.kernel_size, self.stride, self.padding = (
+            _pair("kernel_size", kernel_size), _pair("stride", stride), _pair("padding", padding))
         self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
 
     def build(self, in_shapes):
@@ -300,6 +306,10 @@ class BatchNorm2d(Layer):
     def __init__(self, num_features: Optional[int] = None, eps: float = 1e-5,
                  momentum: float = 0.1):
         super().__init__()
+        if not (isinstance(momentum, numbers.Real) and 0.0 <= momentum <= 1.0):
+            raise ValueError(f"BatchNorm2d momentum must be a number in [0, 1], got {momentum!r}")
+        if not (isinstance(eps, numbers.Real) and 0.0 <= eps < float("inf")):
+            raise ValueError(f"BatchNorm2d eps must be a finite number >= 0, got {eps!r}")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         # a minidl.distributed.Comm: training statistics over the ranks' whole batch
         self.sync = None
@@ -495,9 +505,9 @@ class ReLU(Layer):
 class _Pool2d(Layer):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False):
         super().__init__()
-        self.kernel_size = _pair(kernel_size)
-        self.stride = self.kernel_size if stride is None else _pair(stride)
-        self.padding, self.ceil_mode = _pair(padding), bool(ceil_mode)
+        self.kernel_size = _pair("kernel_size", kernel_size)
+        self.stride = self.kernel_size if stride is None else _pair("stride", stride)
+        self.padding, self.ceil_mode = _pair("padding", padding), bool(ceil_mode)
 
     def build(self, in_shapes):
         self._expect_ndim(in_shapes[0], 3, "(C, H, W)")
