@@ -35,7 +35,7 @@ def _train_parser(sub):
     p.add_argument("--lr-schedule", choices=["step", "cosine", "constant"])
     p.add_argument("--warmup-epochs", type=float)
     p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crop + flip (default: on for CIFAR-10)")
+                   help="random crop + flip (default: the recipe's, else on for CIFAR-10)")
     p.add_argument("--data", help="data root (default: $MINIDL_DATA, else ~/.cache/minidl)")
     p.add_argument("--no-download", dest="download", action="store_false",
                    help="never fetch a missing data set")

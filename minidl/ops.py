@@ -37,7 +37,8 @@ IntPair = Union[int, Tuple[int, int]]
 __all__ = [
     "sgemm",
     "conv2d", "conv2d_fused", "conv2d_pooled", "conv2d_backward",
-    "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+    "max_pool2d", "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_backward_argmax",
+    "avg_pool2d", "avg_pool2d_backward",
     "global_avg_pool2d", "global_avg_pool2d_backward",
     "relu", "relu_backward", "add", "affine_add", "dropout", "dropout_backward",
     "batch_norm", "batch_norm_stats", "batch_norm_backward",

@@ -2,6 +2,7 @@
 budget, copy counters and modelled clock, the plan's memory prediction against the
 device's own peak, moving nets, checkpoints across devices, and the command line.
 The cuda tests at the end run only where pycuda, minidl._cuda and a GPU are present."""
+import inspect
 import json
 import subprocess
 import sys
@@ -128,6 +129,11 @@ OPS = {  # name -> (inputs(rng), call(ops arrays...)); outputs compared bit for 
                    lambda x: ops.max_pool2d(x, 3, stride=2, ceil_mode=True)),
     "max_pool2d_backward": (lambda r: (_r(r, 2, 3, 7, 7), _r(r, 2, 3, 3, 3)),
                             lambda x, dy: ops.max_pool2d_backward(x, dy, 3, stride=2)),
+    "max_pool2d_argmax": (lambda r: (_r(r, 2, 3, 7, 7),),
+                          lambda x: ops.max_pool2d_argmax(x, 3, stride=2, relu=True)),
+    "max_pool2d_backward_argmax": (
+        lambda r: (r.integers(0, 9, (2, 3, 3, 3)).astype(np.uint8), _r(r, 2, 3, 3, 3)),
+        lambda tap, dy: ops.max_pool2d_backward_argmax(tap, dy, (2, 3, 7, 7), 3, stride=2)),
     "avg_pool2d": (lambda r: (_r(r, 2, 3, 7, 7),), lambda x: ops.avg_pool2d(x, 3, stride=2)),
     "avg_pool2d_backward": (lambda r: (_r(r, 2, 3, 3, 3),),
                             lambda dy: ops.avg_pool2d_backward((2, 3, 7, 7), dy, 3, stride=2)),
@@ -182,6 +188,11 @@ def test_ops_on_sim_equal_the_cpu(name, rng):
             assert not isinstance(g, DeviceArray) and g.dtype == w.dtype
             np.testing.assert_array_equal(g, w)
     assert dev.launches >= 1
+
+
+def test_every_op_takes_device():
+    for name in ops.__all__:
+        assert "device" in inspect.signature(getattr(ops, name)).parameters, name
 
 
 def test_ops_take_device_and_refuse_mixed_devices(rng):

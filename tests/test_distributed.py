@@ -170,7 +170,7 @@ NOISE_NORM = 0.03
 
 
 @mpi
-@pytest.mark.parametrize("model,extra", [("cifar10_quick", []),
+@pytest.mark.parametrize("model,extra", [("cifar10_quick", ["--augment"]),
                                          ("cifar10_full", ["--sync-bn"])])
 def test_two_ranks_follow_the_one_process_trajectory(cifar, tmp_path, model, extra):
     """2 ranks x batch 20 == 1 rank x batch 40, 3 steps with crops, flips, momentum and
