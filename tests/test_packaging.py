@@ -1,4 +1,5 @@
 """The package tells C tools how to link its core, like numpy.get_include()."""
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +37,28 @@ def test_c_program_links_package_copy(tmp_path):
                     *flags, "-lm"], check=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_c_api_null_pointers_are_errors_not_crashes():
+    """Every mdl_status function of the header, called through ctypes with valid
+    arguments and then with each pointer NULL in turn: MDL_OK, or MDL_ERR_ARG for a
+    pointer that may not be NULL (tests/c/null_pointers.py); never a crash or a hang
+    (under `make sanitize`, nor an AddressSanitizer report: exit code 99)."""
+    env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":exitcode=99"}
+    run = subprocess.run([sys.executable, os.path.join(HERE, "c", "null_pointers.py"),
+                          os.path.join(minidl.get_include(), "minidl.h"),
+                          os.path.join(minidl.get_library_dir(), "libminidl.so")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout)
+    assert len(results) > 40 and "mdl_conv2d_backward" in results
+    for function, r in results.items():
+        assert r["valid"] == 0, (function, r)
+        for arg, status in r["null"].items():
+            assert status in (0, 1), (function, arg, status)  # MDL_OK, MDL_ERR_ARG
+    # the shapes, inputs and outputs may not be NULL; workspaces and the bias may
+    assert results["mdl_conv2d_forward"]["null"] == {"s": 1, "x": 1, "w": 1, "bias": 0,
+                                                     "y": 1, "workspace": 0}
 
 
 def test_version_and_threads():
