@@ -19,7 +19,8 @@ from dataclasses import fields
 import minidl
 from minidl.device import OutOfDeviceMemory, from_options
 
-THREADS_HELP = "kernel threads (default: $MINIDL_NUM_THREADS, else the cores this process may use"
+THREADS_HELP = ("kernel threads (default: $MINIDL_NUM_THREADS, else the cores this process "
+                "may use{})")
 
 
 def _train_parser(sub):
@@ -41,8 +42,8 @@ def _train_parser(sub):
     p.add_argument("--data", help="data root (default: $MINIDL_DATA, else ~/.cache/minidl)")
     p.add_argument("--no-download", dest="download", action="store_false",
                    help="never fetch a missing data set")
-    p.add_argument("--threads", type=int, help=THREADS_HELP + "; with several ranks, the "
-                   "host's cores divided among them)")
+    p.add_argument("--threads", type=int, help=THREADS_HELP.format(
+        "; with several ranks, the host's cores divided among them"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output directory (default: runs/MODEL)")
     p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint")
@@ -163,7 +164,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--dataset", choices=["cifar10", "fashion-mnist", "mnist"])
     e.add_argument("--data")
-    e.add_argument("--threads", type=int, help=THREADS_HELP + ")")
+    e.add_argument("--threads", type=int, help=THREADS_HELP.format(""))
     e.add_argument("--limit-test", type=int)
     e.set_defaults(run=_eval)
     b = sub.add_parser("bench", help="time training steps and inference on random data")
@@ -171,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=100)
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)
-    b.add_argument("--threads", type=int, help=THREADS_HELP + ")")
+    b.add_argument("--threads", type=int, help=THREADS_HELP.format(""))
     b.add_argument("--json", action="store_true", help="print one JSON object")
     _device_options(b)
     _nproc_argument(b)
