@@ -2,6 +2,10 @@
 not at all, pools, strided convolutions) through the planner and the executor, fused
 and not: the plan's memory prediction is what the cpu and sim measure, and the fused
 plan computes the plain plan's loss."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -92,3 +96,12 @@ def test_random_nets_memory_and_fusion(seed):
             opt.step()
             assert ex.peak_device_bytes == plan.memory["peak"], fuse
     assert np.isfinite(losses[0]) and abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0])
+
+
+@pytest.mark.parametrize("script", ["fuzz_conv.py", "fuzz_nets.py"])
+def test_the_fuzz_scripts_run(script):
+    """dev/'s longer runs of this check and of the convolution family, for 2 seconds."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "dev", script)
+    run = subprocess.run([sys.executable, path, "7", "2"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and ", 0 " in run.stdout, run.stdout + run.stderr
