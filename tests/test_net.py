@@ -146,6 +146,21 @@ def test_plan_predicts_the_activation_memory_the_executor_holds(name, rng):
     assert ex.peak_activation_bytes == plan.memory["activation_peak"]
 
 
+def test_the_executor_measures_at_the_loss(rng):
+    """A net whose activation peak is its logits and their gradient, at the loss (the
+    executor measures there too, as the plan counts)."""
+    net = Net((1, 4, 4))
+    net.add("flat", nn.Flatten())
+    net.add("fc", nn.Linear(None, 1000))
+    net.initialize(0)
+    plan = make_plan(net, 2)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    ex.train_step(rng.standard_normal((2, 1, 4, 4)).astype(np.float32), np.array([3, 7]))
+    assert ex.peak_activation_bytes == plan.memory["activation_peak"] == \
+        2 * (16 + 2 * 1000) * 4 + 2 * 8  # the batch, logits, dlogits, labels
+
+
 def test_plan_is_printable_data():
     plan = make_plan(models.build("resnet20", seed=None), 128)
     d = json.loads(plan.to_json())

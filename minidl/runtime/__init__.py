@@ -155,6 +155,8 @@ class Executor:
         y = labels if self.host else dev.to_device(self._check_labels(labels, n))
         logits, ctx = self._forward(x, True, (y,))
         loss, dlogits = self.loss(logits, y)
+        if self.track_memory:  # the logits, their gradient and the labels at once
+            self._measure(list(ctx.values()), logits, dlogits, y)
         if grad_scale != 1.0:
             dlogits = self._scaled(dlogits, grad_scale)
         grads = {self.net.output: dlogits}  # the only reference: freed in backward
