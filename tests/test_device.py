@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl import models, ops
+from minidl import models, nn, ops
 from minidl.device import (DeviceArray, OutOfDeviceMemory, asnumpy, get_device, parse_bytes)
 from minidl.optim import SGD, Adam
 from minidl.plan import make_plan
@@ -294,19 +294,18 @@ def _summed_gradient_net():
     """conv3's data gradient is added to the one the Add gave conv2's output, and is
     freed then, before conv2's backward makes its larger input gradient."""
     net = minidl.Net((1, 8, 8))
-    net.add("conv1", minidl.nn.Conv2d(out_channels=4, padding=1))
-    net.add("conv2", minidl.nn.Conv2d(out_channels=8, stride=2, padding=1, bias=False))
-    net.add("conv3", minidl.nn.Conv2d(out_channels=8, padding=1, bias=False))
-    net.add("add", minidl.nn.Add(), ["conv3", "conv2"])
-    net.add("flat", minidl.nn.Flatten())
-    net.add("fc", minidl.nn.Linear(out_features=3))
+    net.add("conv1", nn.Conv2d(out_channels=4, padding=1))
+    net.add("conv2", nn.Conv2d(out_channels=8, stride=2, padding=1, bias=False))
+    net.add("conv3", nn.Conv2d(out_channels=8, padding=1, bias=False))
+    net.add("add", nn.Add(), ["conv3", "conv2"])
+    net.add("flat", nn.Flatten())
+    net.add("fc", nn.Linear(out_features=3))
     return net
 
 
 def _shared_shortcut_net():
     """relu1 read by a convolution and two Adds: fused, add1's backward (which does bn2's)
     makes both its input gradients at once, and relu1's is added to add2's."""
-    nn = minidl.nn
     net = minidl.Net((3, 8, 8))
     net.add("conv1", nn.Conv2d(out_channels=8, padding=1, bias=False))
     net.add("bn1", nn.BatchNorm2d())
