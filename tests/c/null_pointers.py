@@ -5,7 +5,7 @@ crash is a result, not the end of the run.  Prints one JSON object: function ->
 {"valid": status, "null": {argument: status}}, a status being the child's exit code
 (the mdl_status returned; negative: killed by that signal).
 
-Run in a fresh interpreter (tests/test_capi_null.py does): the parent never runs a
+Run in a fresh interpreter (tests/test_packaging.py does): the parent never runs a
 kernel, so the forked children start from a process without OpenMP threads.
 Usage: python null_pointers.py HEADER LIBRARY"""
 import ctypes as C
@@ -17,6 +17,7 @@ import struct
 import sys
 
 BUF = 1 << 20
+ONES = struct.pack("f", 1.0) * (BUF // 4)
 
 
 class ConvShape(C.Structure):
@@ -36,7 +37,8 @@ class Affine(C.Structure):
 keep = []  # every buffer and struct, alive until the end
 
 
-ONES = struct.pack("f", 1.0) * (BUF // 4)
+def _name(param: str) -> str:
+    return re.findall(r"(\w+)\s*$", param)[0]
 
 
 def _buffer(name: str):
@@ -46,9 +48,9 @@ def _buffer(name: str):
     return C.cast(b, C.c_void_p)
 
 
-def _pointer(struct):
-    keep.append(struct)
-    return C.cast(C.pointer(struct), C.c_void_p)
+def _pointer(s):
+    keep.append(s)
+    return C.cast(C.pointer(s), C.c_void_p)
 
 
 def arguments(function: str, params):
@@ -56,7 +58,7 @@ def arguments(function: str, params):
     2 x 3 x 5 x 5 input, 4 output channels, 3x3 kernels with padding 1, 2x2 pools."""
     values, types, pointers = [], [], []
     for i, p in enumerate(params):
-        name = re.findall(r"(\w+)\s*$", p)[0]
+        name = _name(p)
         kind = p[:p.rfind(name)].strip()
         if "*" in kind:
             pointers.append(i)
@@ -119,7 +121,7 @@ def main(header: str, library: str) -> None:
         for i in pointers:
             vals = list(values)
             vals[i] = None
-            nulls[re.findall(r"(\w+)\s*$", params[i])[0]] = status(vals)
+            nulls[_name(params[i])] = status(vals)
         results[function] = {"valid": status(values), "null": nulls}
     print(json.dumps(results))
 
