@@ -328,6 +328,36 @@ def test_plan_predicts_the_peak_where_input_gradients_are_summed(make, fuse, rng
     """Where a node's second gradient arrives, the sum replaces both at once, after the
     layer's backward has made all its input gradients: the cpu's activation peak and
     sim's device peak are the plan's."""
+    _check_predicted_peaks(make, fuse, rng)
+
+
+def _identity_dropout_net():
+    """Dropout(0) hands on its input and its gradient, as Flatten does."""
+    net = minidl.Net((3, 8, 8))
+    net.add("conv1", nn.Conv2d(out_channels=4, padding=1))
+    net.add("relu1", nn.ReLU())
+    net.add("drop1", nn.Dropout(0.0))
+    net.add("conv2", nn.Conv2d(out_channels=4, padding=1, bias=False))
+    net.add("bn2", nn.BatchNorm2d())
+    net.add("drop2", nn.Dropout(0.0))
+    net.add("add", nn.Add(), ["drop2", "drop1"])
+    net.add("flat", nn.Flatten())
+    net.add("drop3", nn.Dropout(0.0))
+    net.add("fc", nn.Linear(out_features=3))
+    return net
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+def test_plan_predicts_the_peak_with_identity_dropout(fuse, rng):
+    _check_predicted_peaks(_identity_dropout_net, fuse, rng)
+    plan = make_plan(_identity_dropout_net(), 4, fuse=fuse)
+    for k in ("drop2", "drop3"):  # (drop1's backward adds its two readers' gradients)
+        s = plan.step(k)
+        assert (s.output_bytes, s.bytes_forward, s.bytes_backward, s.grad_view) == \
+            (0, 0, 0, True), k
+
+
+def _check_predicted_peaks(make, fuse, rng):
     x, y = _r(rng, 4, *make().input_shape), rng.integers(0, 3, 4)
     net = make().initialize(0)
     plan = make_plan(net, 4, fuse=fuse)

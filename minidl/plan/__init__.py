@@ -318,7 +318,7 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
         return x + out_bytes + saved_bytes, (saved_bytes or x) + out_bytes + dx
     if kind in ("AvgPool2d", "GlobalAvgPool2d", "Dropout"):
         return x + out_bytes, out_bytes + dx + (x if "masks-relu" in tags else 0)
-    return 0, 0  # Flatten: a view
+    return 0, 0  # a kind it does not know
 
 
 def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
@@ -346,8 +346,9 @@ def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
         params = sum(p.data.nbytes for p in layer.params.values())
         # a max pool's taps: a byte per output
         saved = batch_size * int(np.prod(n.shape)) if "keeps-taps" in tags else layer.saved_bytes()
-        fwd, bwd = _traffic(type(layer).__name__, tags, [size[i] for i in n.inputs],
-                            size[k], params, need_dx, saved)
+        fwd, bwd = (0, 0) if layer.output_is_view else _traffic(  # a view moves nothing
+            type(layer).__name__, tags, [size[i] for i in n.inputs], size[k], params,
+            need_dx, saved)
         steps.append(Step(
             name=k, kind=type(layer).__name__, inputs=list(n.inputs),
             shape=[batch_size, *n.shape], device=device, param_bytes=params,
