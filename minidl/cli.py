@@ -204,7 +204,8 @@ def main(argv=None) -> int:
     try:
         comm = distributed.init()
         return distributed.run_or_abort(comm, a.run, a)
-    except (ValueError, KeyError, RuntimeError, OSError, OutOfDeviceMemory) as e:
+    except (ValueError, KeyError, RuntimeError, OSError, OutOfDeviceMemory,
+            FloatingPointError) as e:  # the last: a diverging run's advice
         print(f"minidl {a.command}: error: {e}", file=sys.stderr)
         return 1
 

@@ -10,6 +10,7 @@ and resumed from its checkpoint ends with the same parameters as an uninterrupte
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -85,8 +86,14 @@ def _check(cfg: TrainConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if cfg.lr is None or cfg.lr <= 0:
-        raise ValueError(f"lr must be positive, got {cfg.lr!r}")
+    if cfg.lr is None or not 0 < cfg.lr < math.inf:
+        raise ValueError(f"lr must be a positive finite number, got {cfg.lr!r}")
+    for name in ("momentum", "weight_decay", "warmup_epochs"):
+        v = getattr(cfg, name)
+        if v is not None and not 0 <= v < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if cfg.threads is not None and cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: the default), got {cfg.threads!r}")
     if cfg.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
     if cfg.dataset not in data.DATASETS:

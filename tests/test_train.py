@@ -126,7 +126,13 @@ def test_resume_refuses_another_model(mnist_root, tmp_path):
 
 def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
     for kw, match in ((dict(epochs=0), "epochs must be a positive integer"),
-                      (dict(lr=-1.0), "lr must be positive"),
+                      (dict(lr=-1.0), "lr must be a positive finite number"),
+                      (dict(lr=float("nan")), "lr must be a positive finite number"),
+                      (dict(lr=float("inf")), "lr must be a positive finite number"),
+                      (dict(momentum=-0.5), "momentum must be a finite number >= 0"),
+                      (dict(weight_decay=float("nan")), "weight_decay must be a finite"),
+                      (dict(warmup_epochs=-1.0), "warmup_epochs must be a finite"),
+                      (dict(threads=-2), r"threads must be >= 0 \(0: the default\)"),
                       (dict(optimizer="lbfgs"), "unknown optimizer 'lbfgs'"),
                       (dict(model="nope"), "unknown model 'nope'")):
         with pytest.raises(ValueError, match=match):
@@ -184,6 +190,14 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("minidl train: error:") and "mnist" in err
     assert run_cli("eval", "--checkpoint", tmp_path / "missing.safetensors") == 1
     assert "missing.safetensors" in capsys.readouterr().err
+
+
+def test_cli_a_diverging_run_is_a_one_line_error(mnist_root, tmp_path, capsys):
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", mnist_root,
+                   "--epochs", 1, "--lr", 1e6, "--limit-train", 256, "--no-progress",
+                   "--out", tmp_path / "o") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("minidl train: error: loss became") and "smaller learning rate" in err
 
 
 def test_plot_writes_a_png(mnist_root, tmp_path):
