@@ -12,7 +12,9 @@ import pytest
 
 import minidl
 from minidl import models, nn, ops
-from minidl.device import (DeviceArray, OutOfDeviceMemory, asnumpy, get_device, parse_bytes)
+from minidl.device import (DeviceArray, OutOfDeviceMemory, OutOfHostMemory, asnumpy, get_device,
+                           parse_bytes)
+from minidl.device import cpu as cpu_device
 from minidl.optim import SGD, Adam
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -405,6 +407,34 @@ def test_a_step_over_budget_changes_nothing_and_a_bigger_budget_then_works():
         assert np.array_equal(v, net.state_dict()[k]), k
     for k, v in ref_opt.state_dict().items():
         assert np.array_equal(v, opt.state_dict()[k]), k
+
+
+def test_a_step_the_host_cannot_hold_stops_before_it_starts(monkeypatch, tmp_path, capsys):
+    """On the cpu, a step the plan says needs more than the host has free raises at once
+    (checked at each batch size's first step), instead of swapping or being killed."""
+    net = models.build("lenet", seed=0)
+    plan = make_plan(net, 8)
+    ex = Executor(net, plan)
+    r = np.random.default_rng(1)
+    x, y = r.standard_normal((8, 1, 28, 28)).astype(np.float32), r.integers(0, 10, 8)
+    free = plan.memory["step_peak"] - 1
+    monkeypatch.setattr(cpu_device, "available_bytes", lambda: free)
+    before = net.state_dict()
+    with pytest.raises(OutOfHostMemory, match=r"cpu: a training step of batch 8 \(the plan's "
+                       r"prediction\) needs .* more than the .* this host has free"):
+        ex.train_step(x, y)
+    for k, v in before.items():
+        assert np.array_equal(v, net.state_dict()[k]), k
+    free += 1
+    ex.train_step(x, y)
+    free = 0  # not read again at this batch size
+    ex.train_step(x, y)
+    with pytest.raises(OutOfHostMemory, match="batch 5"):
+        ex.train_step(x[:5], y[:5])
+    assert run_cli("bench", "--model", "lenet", "--batch-size", 4, "--steps", 1) == 1
+    assert capsys.readouterr().err.startswith("minidl bench: error: cpu: a training step")
+    monkeypatch.undo()
+    assert cpu_device.available_bytes() > 0  # read from /proc/meminfo
 
 
 def test_net_moves_between_devices_and_state_dicts_are_host_arrays():

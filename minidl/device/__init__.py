@@ -33,9 +33,9 @@ import numpy as np
 
 Shape = Tuple[int, ...]
 
-__all__ = ["Device", "DeviceArray", "Stream", "Event", "OutOfDeviceMemory", "get_device",
-           "from_options", "parse_bytes", "format_bytes", "asnumpy", "copy_into", "zeros_like", "fill",
-           "device_of"]
+__all__ = ["Device", "DeviceArray", "Stream", "Event", "OutOfDeviceMemory", "OutOfHostMemory",
+           "get_device", "from_options", "parse_bytes", "format_bytes", "asnumpy", "copy_into",
+           "zeros_like", "fill", "device_of"]
 
 
 # ---- sizes -------------------------------------------------------------------------
@@ -97,6 +97,20 @@ class OutOfDeviceMemory(MemoryError):
             f"{format_bytes(self.budget)} budget (peak so far {format_bytes(self.peak)}); use a "
             f"smaller batch or a larger budget (--sim-memory / --gpu-memory / "
             f"MINIDL_GPU_MEMORY_LIMIT)")
+
+
+class OutOfHostMemory(OutOfDeviceMemory):
+    """A step the plan says needs `requested` bytes on the cpu is more than the host
+    has free (`available`, memory and swap).  Raised before the step starts."""
+
+    def __init__(self, device: "Device", requested: int, available: int,
+                 what: str = "an allocation"):
+        MemoryError.__init__(
+            self, f"{device.name}: {what} needs {format_bytes(requested)}, more than the "
+            f"{format_bytes(available)} this host has free (memory and swap); use a "
+            f"smaller batch")
+        self.device_name, self.requested, self.available = device.name, requested, available
+        self.budget, self.in_use, self.peak = None, device.in_use, device.peak
 
 
 # ---- arrays ------------------------------------------------------------------------

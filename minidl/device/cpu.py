@@ -7,7 +7,9 @@ unchanged; everything is synchronous.
 It has no budget and its counters stay at zero: the ops allocate with NumPy
 directly, and counting that would cost every op.  Measure a step on the cpu with
 `Executor.track_memory` (the bytes of the arrays the executor holds), or model a
-device budget with sim.
+device budget with sim.  `check_fits` compares a request with what the host has
+free (`available_bytes`), so that a step the plan says cannot fit fails at once with
+OutOfHostMemory instead of swapping or being killed half way.
 """
 from __future__ import annotations
 
@@ -16,7 +18,18 @@ from typing import Optional
 import numpy as np
 
 from minidl import _C
-from minidl.device import Device, Event, Stream, _shape
+from minidl.device import Device, Event, OutOfHostMemory, Stream, _shape
+
+
+def available_bytes() -> Optional[int]:
+    """The host's available memory and free swap (Linux's /proc/meminfo); None where
+    the system does not say.  A container's own limit may be lower."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (ln.split(":", 1) for ln in f)}
+        return info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 class CpuStream(Stream):
@@ -42,6 +55,11 @@ class CpuDevice(Device):
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         return np.empty(_shape(shape), dtype)
+
+    def check_fits(self, nbytes: int, what: str) -> None:
+        free = available_bytes()
+        if free is not None and nbytes > free:
+            raise OutOfHostMemory(self, nbytes, free, what)
 
     def fill(self, a: np.ndarray, value) -> None:
         a.fill(value)

@@ -11,7 +11,8 @@ activation and gradient there, computes the loss there and brings back only the
 loss and the logits.  Parameter gradients are made by backward where the
 parameters live; the previous step's are dropped when a step starts.  With a
 budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
-starts, so a failed step changes nothing but the dropped gradients.
+starts, so a failed step changes nothing but the dropped gradients; on the cpu,
+OutOfHostMemory where the host has less memory free than the step needs.
 
 In training, steps the plan's fusion pass tagged run fused (Layer.forward_fused):
 a convolution's channel sums go to the BatchNorm that follows, and activations
@@ -138,6 +139,7 @@ class Executor:
         # folded into its weights, ReLU in its epilogue; minidl.plan.inference_fusion)
         self.inference_groups = inference_fusion(net) if fuse_inference and self.host else {}
         self._step_bytes = {self.plan.batch_size: self.plan.memory["step_peak"]}
+        self._fits_on_host: set = set()
 
     # -- public ----------------------------------------------------------------------
     def train_step(self, x: np.ndarray, labels: np.ndarray, *,
@@ -213,8 +215,9 @@ class Executor:
         return np.ascontiguousarray(labels, np.int64)
 
     def _check_budget(self, n: int) -> None:
-        """A step of batch n that the plan says will not fit fails here, before it starts."""
-        if self.device.budget is None:
+        """A step of batch n that the plan says will not fit (in the device's budget; on
+        the cpu, in what the host has free) fails here, before it starts."""
+        if self.device.budget is None and not self.host or n in self._fits_on_host:
             return
         if n not in self._step_bytes:
             self._step_bytes[n] = make_plan(self.net, n, device=self.device,
@@ -222,6 +225,8 @@ class Executor:
                                             ).memory["step_peak"]
         self.device.check_fits(self._step_bytes[n], f"a training step of batch {n} "
                                f"(the plan's prediction)")
+        if self.host:  # the host's free memory is read at a batch size's first step
+            self._fits_on_host.add(n)
 
     def _seed(self, i: int) -> int:
         return (self.seed * 0x9E3779B97F4A7C15 + self.step_count * 0x100000001B3 + i) & _MASK64
