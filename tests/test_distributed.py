@@ -299,3 +299,13 @@ def test_bench_nproc_prints_one_global_report():
     grads = 145_578 * 4
     assert rep["bytes_exchanged_per_step"] == grads
     assert rep["comm_wait_ms_per_step"] >= 0 and rep["train_images_per_s"] > 0
+
+
+@mpi
+def test_the_mpi_fuzz_script_runs():
+    """dev/fuzz_mpi.py, the longer run of random nets trained over 2 ranks against one
+    process (sync BN and per rank, plain and fused, cpu and sim), for 2 seconds."""
+    path = os.path.join(os.path.dirname(HERE), "dev", "fuzz_mpi.py")
+    r = subprocess.run([_mpiexec(), "-n", "2", sys.executable, path, "7", "2"],
+                       capture_output=True, text=True, timeout=300, env=_env())
+    assert r.returncode == 0 and "on 2 ranks, 0 failed" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,147 @@
+"""mpiexec -n RANKS python3 dev/fuzz_mpi.py [FIRST_SEED [SECONDS]]: data-parallel training
+of tests/test_random_nets.py's random nets (dropout off: its masks are drawn per rank)
+against one process, from FIRST_SEED (default 1000) on for SECONDS (default 600).
+
+Each rank trains its share of a global batch (shares of unequal size where the batch
+does not divide) for 2 SGD steps, its gradients summed over the ranks by
+`GradientReducer`, and checks them against the gradients that it computes alone:
+- BatchNorm synchronised over the ranks: the gradients of the whole batch in one process;
+  the running statistics too;
+- BatchNorm per rank: the sum of each share's gradients, weighted by its size.
+Plain and fused plans, on the cpu (exchange "host") and on sim ("host" and "device").
+Every rank must also end with the same parameters, bit for bit.  Rank 0 prints each
+failing seed and case.  A fault that stops one rank alone can leave the others waiting
+in a collective: run it under `timeout`."""
+import hashlib
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package built in place, the tests
+from minidl import distributed, nn  # noqa: E402
+from minidl.device import asnumpy  # noqa: E402
+from minidl.optim import SGD  # noqa: E402
+from minidl.plan import make_plan  # noqa: E402
+from minidl.runtime import Executor  # noqa: E402
+from test_random_nets import random_net  # noqa: E402
+
+CASES = [(sync, fuse, device, exchange) for sync in (True, False) for fuse in (False, True)
+         for device, exchange in (("cpu", "host"), ("sim", "host"), ("sim", "device"))]
+STEPS = 2
+# relative L2 per tensor, over a floor of FLOOR times the largest tensor's norm: where
+# the exact gradient is (nearly) zero (a bias ahead of a BatchNorm) it holds rounding
+# alone, which the other gradients' size sets (1e-6 to 3e-6 of the largest), and the ranks'
+# sums are taken in another order than one process's
+TOL, FLOOR = 1e-4, 3e-2
+
+
+def _net(seed, comm=None, device="cpu"):
+    net = random_net(seed).initialize(seed)
+    for _, n in net.layers():
+        if isinstance(n.layer, nn.Dropout):
+            n.layer.p = 0.0
+        if isinstance(n.layer, nn.BatchNorm2d):
+            n.layer.sync = comm
+    return net.to(device)
+
+
+def _grads(net):
+    return {k: np.zeros(p.data.shape, np.float32) if p.grad is None else asnumpy(p.grad).copy()
+            for k, p in net.parameters().items()}  # no gradient where nothing reads a branch
+
+
+def _reference(seed, x, y, shares, sync, fuse):
+    """(gradients of each step, running statistics at the end) in one process."""
+    net = _net(seed)
+    opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
+    batches = [np.arange(len(y))] if sync else shares
+    executors = {len(b): Executor(net, make_plan(net, len(b), fuse=fuse)) for b in batches}
+    steps = []
+    for _ in range(STEPS):
+        total = None
+        for b in batches:
+            executors[len(b)].train_step(x[b], y[b], grad_scale=len(b) / len(y))
+            g = _grads(net)
+            total = g if total is None else {k: total[k] + g[k] for k in g}
+        for k, p in net.parameters().items():
+            p.grad = total[k]
+        steps.append(total)
+        opt.step()
+    return steps, {k: b.copy() for k, b in net.buffers().items()}
+
+
+def _off(got, want):
+    """{name: relative error} of the tensors in `got` against those in `want`."""
+    floor = FLOOR * max((np.linalg.norm(v) for v in want.values()), default=0.0)
+    return {k: float(np.linalg.norm(got[k] - v) / max(np.linalg.norm(v), floor, 1e-30))
+            for k, v in want.items()}
+
+
+def check(seed, comm) -> list:
+    """The failures, as strings, of every case of one seed (empty if none)."""
+    r = np.random.default_rng([seed, 7])
+    shape = random_net(seed).input_shape
+    total = comm.size * (2 + seed % 3) + seed % comm.size
+    x = r.standard_normal((total, *shape)).astype(np.float32)
+    y = r.integers(0, 10, total)
+    shares = np.array_split(np.arange(total), comm.size)
+    mine = shares[comm.rank]
+    refs = {(sync, fuse): _reference(seed, x, y, shares, sync, fuse)
+            for sync in (True, False) for fuse in (False, True)}
+    failures = []
+    for sync, fuse, device, exchange in CASES:
+        case = f"sync_bn={sync} fuse={fuse} {device}/{exchange}"
+        net = _net(seed, comm if sync else None, device)
+        opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
+        ex = Executor(net, make_plan(net, len(mine), device=device, fuse=fuse))
+        reducer = distributed.GradientReducer(net, comm, bucket_bytes=int(r.choice([1, 4096])),
+                                              exchange=exchange)
+        ex.backward_hook = reducer.ready
+        ref_steps, ref_buffers = refs[sync, fuse]
+        for step in range(STEPS):
+            ex.train_step(x[mine], y[mine], grad_scale=comm.grad_scale(len(mine), total))
+            reducer.finish()
+            for k, e in _off(_grads(net), ref_steps[step]).items():
+                if not e <= TOL:
+                    failures.append(f"{case}: step {step} {k} gradient off by {e:.2e}")
+            opt.step()
+        if sync:
+            buffers = {k: asnumpy(b) for k, b in net.buffers().items()}
+            for k, e in _off(buffers, ref_buffers).items():
+                if not e <= TOL:
+                    failures.append(f"{case}: {k} off by {e:.2e}")
+        digest = hashlib.sha256(b"".join(asnumpy(p.data).tobytes()
+                                         for p in net.parameters().values())).hexdigest()
+        if len(set(comm.allgather(digest))) != 1:
+            failures.append(f"{case}: the ranks' parameters differ")
+    return failures
+
+
+def main(first: int = 1000, seconds: float = 600) -> int:
+    comm = distributed.init()
+    end = time.time() + seconds
+    seed, failed = first, 0
+    while True:
+        if comm.allreduce(np.array([time.time() >= end], np.float64))[0]:
+            break  # every rank stops at the same seed
+        try:
+            failures = check(seed, comm)
+        except Exception:
+            failures = [traceback.format_exc(limit=3)]
+        failures = [f for part in comm.allgather(failures) for f in part]
+        if failures:
+            failed += 1
+            if comm.rank == 0:
+                print(f"seed {seed}:", *sorted(set(failures))[:8], sep="\n  ", flush=True)
+        seed += 1
+    if comm.rank == 0:
+        print(f"{seed - first} nets from seed {first} on {comm.size} ranks, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*(f(a) for f, a in zip((int, float), sys.argv[1:]))))
