@@ -1,7 +1,8 @@
-"""dev/fuzz_nets.py [FIRST_SEED [SECONDS]]: tests/test_random_nets.py's check over
+"""dev/fuzz_nets.py [FIRST_SEED [SECONDS]]: tests/test_random_nets.py's checks over
 fresh seeds, from FIRST_SEED (default 1000) on for SECONDS (default 600): random
 nets through the planner and the executor, fused and not, whose predicted memory
-must be what the cpu and sim measure and whose fused loss must be the plain one's.
+must be what the cpu and sim measure, whose fused loss must be the plain one's and
+whose gradients must be the float64 graph's.
 Prints each failing seed with its error; `pytest tests/test_random_nets.py` with
 that seed in SEEDS reproduces it."""
 import os
@@ -11,7 +12,12 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package built in place, the tests
-from test_random_nets import test_random_nets_memory_and_fusion as check  # noqa: E402
+import test_random_nets as t  # noqa: E402
+
+
+def check(seed: int) -> None:
+    t.test_random_nets_memory_and_fusion(seed)
+    t.test_random_nets_gradients_are_the_float64_graphs(seed)
 
 
 def main(first: int = 1000, seconds: float = 600) -> int:

@@ -1,7 +1,8 @@
 """Random nets (seeded DAGs of every layer kind: residual Adds, branches read twice or
-not at all, pools, strided convolutions, dropout, hidden Linear layers) through the planner and the executor, fused
-and not: the plan's memory prediction is what the cpu and sim measure, and the fused
-plan computes the plain plan's loss."""
+not at all, pools, strided convolutions, dropout, hidden Linear layers) through the planner
+and the executor, fused and not: the plan's memory prediction is what the cpu and sim
+measure, the fused plan computes the plain plan's loss, and both plans' gradients are
+those of a float64 interpretation of the graph."""
 import os
 import subprocess
 import sys
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 
 import minidl
+import reference as ref
 from minidl import nn
 from minidl.device import get_device
+from minidl.graph import INPUT
 from minidl.optim import SGD
 from minidl.plan import make_plan
 from minidl.runtime import Executor
@@ -104,6 +107,102 @@ def test_random_nets_memory_and_fusion(seed):
             assert ex.peak_device_bytes == plan.memory["peak"], fuse
     # 1e-4: a BatchNorm of a hidden layer's 2-5 values per feature amplifies rounding
     assert np.isfinite(losses[0]) and abs(losses[1] - losses[0]) <= 1e-4 * abs(losses[0])
+
+
+def reference_gradients(net, x, y):
+    """(mean cross-entropy, {parameter name: gradient}) of net in training mode, in
+    float64 from tests/reference.py's ops: forward in node order, then backward in
+    reverse, each node's gradients summed over its readers.  Dropout must be off."""
+    out, stats, grads = {INPUT: np.asarray(x, np.float64)}, {}, {}
+
+    def p(layer, name):
+        return np.asarray(layer.params[name].data, np.float64) if name in layer.params else None
+
+    def pool(layer):
+        return layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode
+
+    for k, n in net.layers():
+        layer, xs = n.layer, [out[i] for i in n.inputs]
+        if isinstance(layer, nn.Conv2d):
+            y_ = ref.conv2d(xs[0], p(layer, "weight"), p(layer, "bias"), layer.stride, layer.padding)
+        elif isinstance(layer, nn.BatchNorm2d):
+            y_, *stats[k] = ref.batch_norm_train(xs[0], p(layer, "weight"), p(layer, "bias"),
+                                                 layer.eps)[:3]
+        elif isinstance(layer, nn.Linear):
+            y_ = ref.linear(xs[0], p(layer, "weight"), p(layer, "bias"))
+        elif isinstance(layer, nn.MaxPool2d):
+            y_ = ref.max_pool2d(xs[0], *pool(layer))
+        elif isinstance(layer, nn.AvgPool2d):
+            y_ = ref.avg_pool2d(xs[0], *pool(layer))
+        elif isinstance(layer, nn.GlobalAvgPool2d):
+            y_ = ref.global_avg_pool2d(xs[0])
+        elif isinstance(layer, nn.ReLU):
+            y_ = ref.relu(xs[0])
+        elif isinstance(layer, nn.Add):
+            y_ = ref.add(*xs)
+        else:  # Flatten, Dropout(0)
+            assert isinstance(layer, nn.Flatten) or layer.p == 0, layer
+            y_ = xs[0].reshape(len(xs[0]), *n.shape)
+        out[k] = y_
+    loss, dy = ref.softmax_cross_entropy(out[net.output], y)
+    grads[net.output] = dy
+    for k, n in reversed(list(net.layers())):
+        if k not in grads:  # nothing reads it
+            continue
+        layer, xs, dy = n.layer, [out[i] for i in n.inputs], grads[k]
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            if isinstance(layer, nn.Conv2d):
+                dx, dw, db = ref.conv2d_backward(xs[0], p(layer, "weight"), dy, layer.stride,
+                                                 layer.padding)
+            else:
+                dx, dw, db = ref.linear_backward(xs[0], p(layer, "weight"), dy)
+            grads[f"{k}.weight"], grads[f"{k}.bias"], dxs = dw, db, [dx]
+        elif isinstance(layer, nn.BatchNorm2d):
+            dx, grads[f"{k}.weight"], grads[f"{k}.bias"] = ref.batch_norm_backward(
+                xs[0], p(layer, "weight"), dy, *stats[k])
+            dxs = [dx]
+        elif isinstance(layer, nn.MaxPool2d):
+            dxs = [ref.max_pool2d_backward(xs[0], dy, *pool(layer))]
+        elif isinstance(layer, nn.AvgPool2d):
+            dxs = [ref.avg_pool2d_backward(xs[0].shape, dy, *pool(layer))]
+        elif isinstance(layer, nn.GlobalAvgPool2d):
+            dxs = [ref.global_avg_pool2d_backward(xs[0].shape, dy)]
+        elif isinstance(layer, nn.ReLU):
+            dxs = [ref.relu_backward(xs[0], dy)]
+        elif isinstance(layer, nn.Add):
+            dxs = [dy, dy]
+        else:
+            dxs = [dy.reshape(xs[0].shape)]
+        for i, dx in zip(n.inputs, dxs):
+            grads[i] = grads[i] + dx if i in grads else dx
+    params = net.parameters()
+    return loss, {k: grads.get(k, np.zeros(v.data.shape)) for k, v in params.items()}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_nets_gradients_are_the_float64_graphs(seed):
+    """Plain and fused, each parameter's gradient within 1e-4 (relative L2) of the
+    float64 one, over a floor of 3% of the largest gradient's norm: a bias ahead of a
+    BatchNorm has an exact gradient of 0, so it holds rounding alone.  At least 4
+    samples: a BatchNorm of a hidden layer over 2 or 3 values amplifies rounding (its
+    input's differences cancel) past any fixed tolerance."""
+    net = random_net(seed).initialize(seed)
+    for _, n in net.layers():
+        if isinstance(n.layer, nn.Dropout):
+            n.layer.p = 0.0
+    batch = 4 + seed % 3
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    loss, want = reference_gradients(net, x, y)
+    floor = 0.03 * max(np.linalg.norm(g) for g in want.values())
+    for fuse in (False, True):
+        got = Executor(net, make_plan(net, batch, fuse=fuse)).train_step(x, y)[0]
+        assert abs(got - loss) <= 1e-5 * loss, fuse
+        for k, prm in net.parameters().items():
+            g = np.zeros(prm.data.shape) if prm.grad is None else prm.grad
+            err = np.linalg.norm(g - want[k]) / max(np.linalg.norm(want[k]), floor)
+            assert err <= 1e-4, (fuse, k, err)
 
 
 @pytest.mark.parametrize("script", ["fuzz_conv.py", "fuzz_nets.py"])
