@@ -57,6 +57,7 @@ class CpuDevice(Device):
         return np.empty(_shape(shape), dtype)
 
     def check_fits(self, nbytes: int, what: str) -> None:
+        """Raises OutOfHostMemory if nbytes is more than the host has free."""
         free = available_bytes()
         if free is not None and nbytes > free:
             raise OutOfHostMemory(self, nbytes, free, what)
