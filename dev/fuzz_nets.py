@@ -12,25 +12,25 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package built in place, the tests
+import pytest  # noqa: E402
 import test_random_nets as t  # noqa: E402
-
-
-def check(seed: int) -> None:
-    t.test_random_nets_memory_and_fusion(seed)
-    t.test_random_nets_gradients_are_the_float64_graphs(seed)
 
 
 def main(first: int = 1000, seconds: float = 600) -> int:
     end = time.time() + seconds
-    seed, failed = first, 0
+    seed, failed, skipped = first, 0, 0
     while time.time() < end:
         try:
-            check(seed)
+            t.test_random_nets_memory_and_fusion(seed)
+            t.test_random_nets_gradients_are_the_float64_graphs(seed)
+        except pytest.skip.Exception:  # the gradients' check, near a kink
+            skipped += 1
         except Exception:
             failed += 1
             print(f"seed {seed}:", traceback.format_exc(limit=2), flush=True)
         seed += 1
-    print(f"{seed - first} nets from seed {first}, {failed} failed")
+    print(f"{seed - first} nets from seed {first}, {failed} failed, {skipped} gradient checks "
+          f"skipped near a kink")
     return 1 if failed else 0
 
 

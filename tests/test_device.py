@@ -409,7 +409,7 @@ def test_a_step_over_budget_changes_nothing_and_a_bigger_budget_then_works():
         assert np.array_equal(v, opt.state_dict()[k]), k
 
 
-def test_a_step_the_host_cannot_hold_stops_before_it_starts(monkeypatch, tmp_path, capsys):
+def test_a_step_the_host_cannot_hold_stops_before_it_starts(monkeypatch, capsys):
     """On the cpu, a step the plan says needs more than the host has free raises at once
     (checked at each batch size's first step), instead of swapping or being killed."""
     net = models.build("lenet", seed=0)

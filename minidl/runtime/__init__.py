@@ -217,7 +217,7 @@ class Executor:
     def _check_budget(self, n: int) -> None:
         """A step of batch n that the plan says will not fit (in the device's budget; on
         the cpu, in what the host has free) fails here, before it starts."""
-        if self.device.budget is None and not self.host or n in self._fits_on_host:
+        if (self.device.budget is None and not self.host) or n in self._fits_on_host:
             return
         if n not in self._step_bytes:
             self._step_bytes[n] = make_plan(self.net, n, device=self.device,
