@@ -56,6 +56,8 @@ def test_shard_arguments_are_checked():
         _loader(10, 4, (2, 2))
     with pytest.raises(ValueError, match="3 samples cannot be shared by 4 ranks"):
         _loader(3, 4, (0, 4))
+    with pytest.raises(ValueError, match="a batch of 3 cannot be shared by 4 ranks"):
+        _loader(10, 3, (0, 4))
 
 
 class _TwoRanks(distributed.Comm):

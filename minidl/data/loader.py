@@ -32,7 +32,7 @@ class DataLoader:
     - ``set_epoch(e, start=k)`` / ``iter_from(k)``: skip the first ``k`` batches
       (resume); the rest are exactly those of the uninterrupted epoch.
     - ``shard=(rank, ranks)``: data-parallel training.  ``batch_size`` is the global
-      batch; rank ``r`` gets rows ``[r * s // ranks, (r + 1) * s // ranks)`` of each
+      batch, at least ``ranks``; rank ``r`` gets rows ``[r * s // ranks, (r + 1) * s // ranks)`` of each
       global batch of ``s`` samples, augmented with the draws of the whole global
       batch, so the ranks' batches together are exactly the one-process batch and
       every sample is seen once per epoch.  A last global batch of fewer samples
@@ -70,6 +70,8 @@ class DataLoader:
             raise ValueError(f"shard: rank {rank} is not below the number of ranks {ranks}")
         if len(labels) < ranks:
             raise ValueError(f"shard: {len(labels)} samples cannot be shared by {ranks} ranks")
+        if batch_size < ranks:
+            raise ValueError(f"shard: a batch of {batch_size} cannot be shared by {ranks} ranks")
         channels = images.shape[1]
         mean = np.asarray(mean, np.float64).reshape(-1)
         std = np.asarray(std, np.float64).reshape(-1)
