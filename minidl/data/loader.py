@@ -32,11 +32,12 @@ class DataLoader:
     - ``set_epoch(e, start=k)`` / ``iter_from(k)``: skip the first ``k`` batches
       (resume); the rest are exactly those of the uninterrupted epoch.
     - ``shard=(rank, ranks)``: data-parallel training.  ``batch_size`` is the global
-      batch, at least ``ranks``; rank ``r`` gets rows ``[r * s // ranks, (r + 1) * s // ranks)`` of each
-      global batch of ``s`` samples, augmented with the draws of the whole global
-      batch, so the ranks' batches together are exactly the one-process batch and
-      every sample is seen once per epoch.  A last global batch of fewer samples
-      than ranks joins the batch before it, so that no rank's batch is empty.
+      batch, at least ``ranks``; rank ``r`` gets rows ``[r * s // ranks,
+      (r + 1) * s // ranks)`` of each global batch of ``s`` samples, augmented with
+      the draws of the whole global batch, so the ranks' batches together are
+      exactly the one-process batch and every sample is seen once per epoch.  A
+      last global batch of fewer samples than ranks joins the batch before it, so
+      that no rank's batch is empty.
     - ``prefetch``: batches made ahead by a background thread (0: made in the
       consuming thread).  A worker exception is re-raised in the consumer; an
       iterator that is closed or dropped early stops and joins its thread.
