@@ -170,13 +170,14 @@ def reference_gradients(net, x, y):
         if k not in grads:  # nothing reads it
             continue
         layer, xs, dy = n.layer, [out[i] for i in n.inputs], grads[k]
-        if isinstance(layer, (nn.Conv2d, nn.Linear)):
-            if isinstance(layer, nn.Conv2d):
-                dx, dw, db = ref.conv2d_backward(xs[0], p(layer, "weight"), dy, layer.stride,
-                                                 layer.padding)
-            else:
-                dx, dw, db = ref.linear_backward(xs[0], p(layer, "weight"), dy)
-            grads[f"{k}.weight"], grads[f"{k}.bias"], dxs = dw, db, [dx]
+        if isinstance(layer, nn.Conv2d):
+            dx, grads[f"{k}.weight"], grads[f"{k}.bias"] = ref.conv2d_backward(
+                xs[0], p(layer, "weight"), dy, layer.stride, layer.padding)
+            dxs = [dx]
+        elif isinstance(layer, nn.Linear):
+            dx, grads[f"{k}.weight"], grads[f"{k}.bias"] = ref.linear_backward(
+                xs[0], p(layer, "weight"), dy)
+            dxs = [dx]
         elif isinstance(layer, nn.BatchNorm2d):
             dx, grads[f"{k}.weight"], grads[f"{k}.bias"] = ref.batch_norm_backward(
                 xs[0], p(layer, "weight"), dy, *stats[k])
