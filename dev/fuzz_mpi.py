@@ -9,8 +9,10 @@ does not divide) for 2 SGD steps, its gradients summed over the ranks by
   the running statistics too;
 - BatchNorm per rank: the sum of each share's gradients, weighted by its size.
 Plain and fused plans, on the cpu (exchange "host") and on sim ("host" and "device").
-Every rank must also end with the same parameters, bit for bit.  Rank 0 prints each
-failing seed and case.  A fault that stops one rank alone can leave the others waiting
+Every rank must also end with the same parameters, bit for bit.  A case whose
+reference has a ReLU input or a max pool gap within MARGIN of its kink at either step
+(in float64) is skipped: float32 rounding may take the other side there.  Rank 0 prints
+each failing seed and case.  A fault that stops one rank alone can leave the others waiting
 in a collective: run it under `timeout`."""
 import hashlib
 import os
@@ -27,7 +29,7 @@ from minidl.device import asnumpy  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.plan import make_plan  # noqa: E402
 from minidl.runtime import Executor  # noqa: E402
-from test_random_nets import random_net  # noqa: E402
+from test_random_nets import random_net, reference_gradients  # noqa: E402
 
 CASES = [(sync, fuse, device, exchange) for sync in (True, False) for fuse in (False, True)
          for device, exchange in (("cpu", "host"), ("sim", "host"), ("sim", "device"))]
@@ -37,6 +39,10 @@ STEPS = 2
 # alone, which the other gradients' size sets (1e-6 to 3e-6 of the largest), and the ranks'
 # sums are taken in another order than one process's
 TOL, FLOOR = 1e-4, 3e-2
+# wider than tests/test_random_nets.py's KINK: the second step compares parameters
+# already apart by rounding, and a synchronised BatchNorm (never fused) against the
+# fused one-process reference (a ReLU input 3.2e-6 from 0 flipped there)
+MARGIN = 1e-5
 
 
 def _net(seed, comm=None, device="cpu"):
@@ -55,15 +61,17 @@ def _grads(net):
 
 
 def _reference(seed, x, y, shares, sync, fuse):
-    """(gradients of each step, running statistics at the end) in one process."""
+    """(gradients of each step, running statistics at the end, the nearest kink) in one
+    process."""
     net = _net(seed)
     opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
     batches = [np.arange(len(y))] if sync else shares
     executors = {len(b): Executor(net, make_plan(net, len(b), fuse=fuse)) for b in batches}
-    steps = []
+    steps, margin = [], np.inf
     for _ in range(STEPS):
         total = None
         for b in batches:
+            margin = min(margin, reference_gradients(net, x[b], y[b])[2])
             executors[len(b)].train_step(x[b], y[b], grad_scale=len(b) / len(y))
             g = _grads(net)
             total = g if total is None else {k: total[k] + g[k] for k in g}
@@ -71,7 +79,7 @@ def _reference(seed, x, y, shares, sync, fuse):
             p.grad = total[k]
         steps.append(total)
         opt.step()
-    return steps, {k: b.copy() for k, b in net.buffers().items()}
+    return steps, {k: b.copy() for k, b in net.buffers().items()}, margin
 
 
 def _off(got, want):
@@ -81,8 +89,8 @@ def _off(got, want):
             for k, v in want.items()}
 
 
-def check(seed, comm) -> list:
-    """The failures, as strings, of every case of one seed (empty if none)."""
+def check(seed, comm):
+    """(the failures, as strings, of the cases of one seed; the cases skipped)."""
     r = np.random.default_rng([seed, 7])
     shape = random_net(seed).input_shape
     total = comm.size * (2 + seed % 3) + seed % comm.size
@@ -92,16 +100,19 @@ def check(seed, comm) -> list:
     mine = shares[comm.rank]
     refs = {(sync, fuse): _reference(seed, x, y, shares, sync, fuse)
             for sync in (True, False) for fuse in (False, True)}
-    failures = []
+    failures, skipped = [], 0
     for sync, fuse, device, exchange in CASES:
         case = f"sync_bn={sync} fuse={fuse} {device}/{exchange}"
+        ref_steps, ref_buffers, margin = refs[sync, fuse]
+        if margin < MARGIN:
+            skipped += 1
+            continue
         net = _net(seed, comm if sync else None, device)
         opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
         ex = Executor(net, make_plan(net, len(mine), device=device, fuse=fuse))
         reducer = distributed.GradientReducer(net, comm, bucket_bytes=int(r.choice([1, 4096])),
                                               exchange=exchange)
         ex.backward_hook = reducer.ready
-        ref_steps, ref_buffers = refs[sync, fuse]
         for step in range(STEPS):
             ex.train_step(x[mine], y[mine], grad_scale=comm.grad_scale(len(mine), total))
             reducer.finish()
@@ -118,18 +129,19 @@ def check(seed, comm) -> list:
                                          for p in net.parameters().values())).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             failures.append(f"{case}: the ranks' parameters differ")
-    return failures
+    return failures, skipped
 
 
 def main(first: int = 1000, seconds: float = 600) -> int:
     comm = distributed.init()
     end = time.time() + seconds
-    seed, failed = first, 0
+    seed, failed, skipped = first, 0, 0
     while True:
         if comm.allreduce(np.array([time.time() >= end], np.float64))[0]:
             break  # every rank stops at the same seed
         try:
-            failures = check(seed, comm)
+            failures, n = check(seed, comm)
+            skipped += n
         except Exception:
             failures = [traceback.format_exc(limit=3)]
         failures = [f for part in comm.allgather(failures) for f in part]
@@ -139,7 +151,8 @@ def main(first: int = 1000, seconds: float = 600) -> int:
                 print(f"seed {seed}:", *sorted(set(failures))[:8], sep="\n  ", flush=True)
         seed += 1
     if comm.rank == 0:
-        print(f"{seed - first} nets from seed {first} on {comm.size} ranks, {failed} failed")
+        print(f"{seed - first} nets from seed {first} on {comm.size} ranks, {failed} failed, "
+              f"{skipped} cases skipped near a kink")
     return 1 if failed else 0
 
 
