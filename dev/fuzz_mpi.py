@@ -12,8 +12,8 @@ Plain and fused plans, on the cpu (exchange "host") and on sim ("host" and "devi
 Every rank must also end with the same parameters, bit for bit.  A case whose
 reference has a ReLU input or a max pool gap within MARGIN of its kink at either step
 (in float64) is skipped: float32 rounding may take the other side there.  Rank 0 prints
-each failing seed and case.  A fault that stops one rank alone can leave the others waiting
-in a collective: run it under `timeout`."""
+each failing seed and case.  A fault that stops one rank alone can leave the others
+waiting in a collective: run it under `timeout`."""
 import hashlib
 import os
 import sys
