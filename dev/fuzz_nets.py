@@ -22,15 +22,16 @@ def main(first: int = 1000, seconds: float = 600) -> int:
     while time.time() < end:
         try:
             t.test_random_nets_memory_and_fusion(seed)
-            t.test_random_nets_gradients_are_the_float64_graphs(seed)
-        except pytest.skip.Exception:  # the gradients' check, near a kink
+            for algo in t.TOLERANCE:
+                t.test_random_nets_gradients_are_the_float64_graphs(seed, algo)
+        except pytest.skip.Exception:  # the gradients' check failed near a kink
             skipped += 1
         except Exception:
             failed += 1
             print(f"seed {seed}:", traceback.format_exc(limit=2), flush=True)
         seed += 1
     print(f"{seed - first} nets from seed {first}, {failed} failed, {skipped} gradient checks "
-          f"skipped near a kink")
+          f"off near a kink")
     return 1 if failed else 0
 
 

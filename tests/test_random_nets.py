@@ -200,18 +200,22 @@ def reference_gradients(net, x, y):
     return loss, {k: grads.get(k, np.zeros(v.data.shape)) for k, v in params.items()}, margin
 
 
-KINK = 3e-6  # activations of order 1, rounded through several float32 layers: about 1e-6
+KINK = 1e-5  # activations of order 1 rounded through float32 layers: flips seen up to 9e-6
+# Winograd's own rounding (about 5e-6 of a convolution's largest output) adds up over a
+# deep random net to 1e-4 - 2e-4 in a gradient; GEMM convolutions' to a few 1e-6
+TOLERANCE = {"gemm": 1e-4, "auto": 1e-3}
 
 
+@pytest.mark.parametrize("algo", sorted(TOLERANCE))
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_nets_gradients_are_the_float64_graphs(seed):
-    """Plain and fused, each parameter's gradient within 1e-4 (relative L2) of the
+def test_random_nets_gradients_are_the_float64_graphs(seed, algo):
+    """Plain and fused, each parameter's gradient within TOLERANCE (relative L2) of the
     float64 one, over a floor of 10% of the largest gradient's norm: a bias ahead of a
-    BatchNorm has an exact gradient of 0, so it holds rounding alone.  At least 4
-    samples: a BatchNorm of a hidden layer over 2 or 3 values amplifies rounding (its
-    input's differences cancel) past any fixed tolerance.  A net with a ReLU input or
-    a max pool's gap within KINK of its kink is skipped: float32 rounding may take the
-    other side there (about 1 net in 100 is skipped)."""
+    BatchNorm has an exact gradient of 0, so it holds rounding alone; the loss within a
+    tenth of it.  At least 4 samples: a BatchNorm of a hidden layer over 2 or 3 values
+    amplifies rounding (its input's differences cancel) past any fixed tolerance.  A
+    net that fails with a ReLU input or a max pool's gap within KINK of its kink is
+    skipped: float32 rounding may take the other side there (about 1 net in 600)."""
     net = random_net(seed).initialize(seed)
     for _, n in net.layers():
         if isinstance(n.layer, nn.Dropout):
@@ -221,16 +225,24 @@ def test_random_nets_gradients_are_the_float64_graphs(seed):
     x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
     y = rng.integers(0, 10, batch)
     loss, want, margin = reference_gradients(net, x, y)
-    if margin < KINK:
-        pytest.skip(f"a kink {margin:.1e} away")
     floor = 0.1 * max(np.linalg.norm(g) for g in want.values())
-    for fuse in (False, True):
-        got = Executor(net, make_plan(net, batch, fuse=fuse)).train_step(x, y)[0]
-        assert abs(got - loss) <= 1e-5 * loss, fuse
-        for k, prm in net.parameters().items():
-            g = np.zeros(prm.data.shape) if prm.grad is None else prm.grad
-            err = np.linalg.norm(g - want[k]) / max(np.linalg.norm(want[k]), floor)
-            assert err <= 1e-4, (fuse, k, err)
+    tol, bad = TOLERANCE[algo], []
+    minidl.set_conv_algo(algo)
+    try:
+        for fuse in (False, True):
+            got = Executor(net, make_plan(net, batch, fuse=fuse)).train_step(x, y)[0]
+            if not abs(got - loss) <= tol / 10 * loss:
+                bad.append((fuse, "loss", got, loss))
+            for k, prm in net.parameters().items():
+                g = np.zeros(prm.data.shape) if prm.grad is None else prm.grad
+                err = np.linalg.norm(g - want[k]) / max(np.linalg.norm(want[k]), floor)
+                if not err <= tol:
+                    bad.append((fuse, k, err))
+    finally:
+        minidl.set_conv_algo("auto")
+    if bad and margin < KINK:
+        pytest.skip(f"a kink {margin:.1e} away")
+    assert not bad, (f"nearest kink {margin:.1e}", bad)
 
 
 @pytest.mark.parametrize("script", ["fuzz_conv.py", "fuzz_nets.py"])
