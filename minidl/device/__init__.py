@@ -91,12 +91,14 @@ class OutOfDeviceMemory(MemoryError):
         self.device_name = device.name
         self.requested, self.budget = requested, device.budget
         self.in_use, self.peak = device.in_use, device.peak
-        super().__init__(
-            f"{device.name}: out of device memory: {what} asks for "
-            f"{format_bytes(requested)} with {format_bytes(self.in_use)} in use of a "
-            f"{format_bytes(self.budget)} budget (peak so far {format_bytes(self.peak)}); use a "
-            f"smaller batch or a larger budget (--sim-memory / --gpu-memory / "
-            f"MINIDL_GPU_MEMORY_LIMIT)")
+        super().__init__(self._message(what))
+
+    def _message(self, what: str) -> str:
+        return (f"{self.device_name}: out of device memory: {what} asks for "
+                f"{format_bytes(self.requested)} with {format_bytes(self.in_use)} in use of a "
+                f"{format_bytes(self.budget)} budget (peak so far {format_bytes(self.peak)}); "
+                f"use a smaller batch or a larger budget (--sim-memory / --gpu-memory / "
+                f"MINIDL_GPU_MEMORY_LIMIT)")
 
 
 class OutOfHostMemory(OutOfDeviceMemory):
@@ -105,12 +107,13 @@ class OutOfHostMemory(OutOfDeviceMemory):
 
     def __init__(self, device: "Device", requested: int, available: int,
                  what: str = "an allocation"):
-        MemoryError.__init__(
-            self, f"{device.name}: {what} needs {format_bytes(requested)}, more than the "
-            f"{format_bytes(available)} this host has free (memory and swap); use a "
-            f"smaller batch")
-        self.device_name, self.requested, self.available = device.name, requested, available
-        self.budget, self.in_use, self.peak = None, device.in_use, device.peak
+        self.available = available
+        super().__init__(device, requested, what)
+
+    def _message(self, what: str) -> str:
+        return (f"{self.device_name}: {what} needs {format_bytes(self.requested)}, more than "
+                f"the {format_bytes(self.available)} this host has free (memory and swap); "
+                f"use a smaller batch")
 
 
 # ---- arrays ------------------------------------------------------------------------
