@@ -1399,15 +1399,17 @@ static mdl_status sums_gemms(const mdl_conv2d_shape *s, int grad, int64_t rows, 
 /* y by Winograd with the sums over the input channels as SGEMMs (many channels), per
  * chunk of images: the threads write V of their share of its images, then M_xi (tiles,
  * c_out) = V_xi (tiles, c_in) @ U_xi (c_in, c_out), one SGEMM per transform point, then
- * the threads apply the output transform and per_image's epilogue (no pooling).
+ * the threads apply the output transform and per_image's epilogue, and with the pooling
+ * pl (not NULL; no sums) pool each image from their buffer (pooled_geometry's) into y.
  * shared: the chunk's V and M and the SGEMMs' workspace; each thread's scratch follows
  * the fixed part, per_thread bytes apart. */
 static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                                 const mdl_affine *in, const float *u, float *shared,
-                                const float *bias, int relu, double *sums, float beta, float *y,
-                                float *ws, size_t avail, int nt, int avx512)
+                                const float *bias, int relu, double *sums, const pooling *pl,
+                                float beta, float *y, float *ws, size_t avail, int nt, int avx512)
 {
     const int64_t c_out = s->c_out, P = g->P;
+    const size_t stride = g->per_thread / sizeof(float);
     const sums_layout L = wino_sums_layout(s, g->ho, g->wo, 0);
     const int64_t tiles = L.tiles, nbw = L.images, xi = mdl_winograd_points(s);
     float *v = shared, *m = shared + L.m, *gws = shared + L.gws;
@@ -1423,9 +1425,19 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
             int t, T;
             MDL_THREAD_ID(t, T);
             const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
-            (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
-                s, g->ho, g->wo, hi - lo, m + (lo - b) * tiles * xi * c_out, bias, relu,
-                sums ? sums + lo * 2 * c_out : NULL, beta != 0.0f, y + lo * c_out * P);
+            if (pl) { /* an image at a time into the thread's buffer, then its pooling */
+                float *out = ws + g->fixed / sizeof(float) + (t + 1) * stride - g->pool_floats;
+                for (int64_t i = lo; i < hi; i++) {
+                    (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
+                        s, g->ho, g->wo, 1, m + (i - b) * tiles * xi * c_out, bias, relu, NULL,
+                        0, out);
+                    mdl_pool_planes(&pl->g, pl->avg, pl->relu, c_out, out,
+                                    y + i * c_out * pl->g.ho * pl->g.wo);
+                }
+            } else
+                (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
+                    s, g->ho, g->wo, hi - lo, m + (lo - b) * tiles * xi * c_out, bias, relu,
+                    sums ? sums + lo * 2 * c_out : NULL, beta != 0.0f, y + lo * c_out * P);
         }
     }
     return st;
@@ -1815,14 +1827,13 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq;
     int wino = use_winograd(s, g.wo, 0);
-    if (pool && wino_sums_algo(wino)) wino = GEMM;
     pack_weights(s, &g, wino, w, pa);
     const int nt = mdl_threads_for((double)s->n * s->c_out * g.K * g.P);
 #if MDL_X86
     if (wino_sums_algo(wino))
         st = winograd_sums(s, &g, x, in, pa, pa + weights_floats(s, g.K) + TABLE_FLOATS(g.K),
-                           bias, relu, want_sums ? sums : NULL, 0.0f, y, ws, avail, nt,
-                           wino == WINO_SUMS);
+                           bias, relu, want_sums ? sums : NULL, pool ? &pl : NULL, 0.0f, y, ws,
+                           avail, nt, wino == WINO_SUMS);
     else
 #endif
         per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL,
@@ -2013,7 +2024,7 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         if (wino_sums_algo(wino))
             st = winograd_sums(&t, &gt, dy, NULL, pa,
                                pa + weights_floats(&t, Kt) + TABLE_FLOATS(Kt), NULL, 0, NULL,
-                               beta, dx, ws, avail, nt, wino == WINO_SUMS);
+                               NULL, beta, dx, ws, avail, nt, wino == WINO_SUMS);
         else
 #endif
             per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail, nt);

@@ -468,6 +468,23 @@ def test_conv2d_pooled(simd, threads, rng, case):
     assert_close(y, np.maximum(want, 0) if prelu else want, "conv")
 
 
+@pytest.mark.parametrize("case", [
+    ((3, 128, 7, 9, 256, 3, 3, 1, 1), "max", 2, 2, 0, True, True, False),   # partial tiles
+    ((2, 32, 6, 7, 48, 5, 5, 1, 2), "avg", 3, 2, 1, False, False, True),    # F(4x4, 5x5)
+    ((3, 24, 8, 8, 40, 3, 3, 1, 1), "max", 3, 1, 1, False, True, True),     # AVX2 vectors
+], ids=pooled_id)
+def test_conv2d_pooled_winograd_sums(simd, threads, winograd_sums, rng, case):
+    """The pooled forward with the Winograd sums in registers and by SGEMMs (each image
+    pooled from the thread's buffer): exactly conv2d, then the pooling, then ReLU."""
+    conv, pool, k, s, p, ceil, relu, prelu = case
+    x, wt, b, kw = make(rng, conv)
+    y = ops.conv2d_pooled(x, wt, b, **kw, relu=relu, pool=pool, kernel_size=k, pool_stride=s,
+                          pool_padding=p, ceil_mode=ceil, pool_relu=prelu)
+    steps = (ops.max_pool2d if pool == "max" else ops.avg_pool2d)(
+        ops.conv2d(x, wt, b, **kw, relu=relu), k, stride=s, padding=p, ceil_mode=ceil)
+    np.testing.assert_array_equal(y, ops.relu(steps) if prelu else steps)
+
+
 def test_conv2d_pooled_bad_input(rng):
     x, wt, b, kw = make(rng, CASES[0])
     with pytest.raises(ValueError, match="pool must be 'max' or 'avg'"):
