@@ -41,6 +41,9 @@ int mdl_num_threads(void);
 int64_t mdl_l2_bytes(void);
 /* Whether the CPU is Intel's (some measured choices differ between its cores and AMD's) */
 int mdl_cpu_intel(void);
+/* AMD's CPU family (CPUID leaf 1, with the extended family: 0x19 Zen 3 and 4, 0x1a Zen 5),
+ * 0 on other CPUs */
+int mdl_cpu_amd_family(void);
 /* Whether the AVX-512 SGEMM reads op(B) in place for thin C (mdl_set_sgemm_b's mode, or
  * for MDL_SGEMM_B_AUTO whether the CPU is not Intel's) */
 int mdl_sgemm_b_in_place(void);

@@ -85,6 +85,12 @@
 #define WINOGRAD_WIDE_MIN_WO 8
 #define WINOGRAD_CHANNELS_GRAD_MAX_CC (128 * 128)
 #define WINOGRAD_INTEL_L2_EIGHTHS 5
+/* AMD's Zen 5 (family 1Ah; 512-bit FMAs at full width, 1 MiB of L2 a core) keeps the
+ * limits of Zen 4 but the wider one: 256 x 256 channels at 8x8 by the SGEMMs measured
+ * 1.48-1.57x the register sums forward and 1.25-1.40x backward, where 128 x 256 (U 4.5
+ * MiB) measured 0.95x and 0.92x, so a limit by U's size (Intel's) fits it less well
+ * (bench/NOTES.md). */
+#define WINOGRAD_AMD_NOT_WIDE_FAMILY 0x1a
 #define WINO_SUMS_BYTES (16 << 20) /* 32 MiB measured 0-5% faster at 512 x 512 channels */
 /* At the AVX-512 level, channels in multiples of 8 but not of 16 take winograd8_avx2.c
  * (AVX2 vectors) for the weight gradient (1.1-2.1x the GEMM), and for the forward and the
@@ -358,10 +364,13 @@ static int wino_by_sgemm(const mdl_conv2d_shape *s, int64_t wo, int grad)
     if (mode != MDL_WINOGRAD_SUMS_AUTO) return mode == MDL_WINOGRAD_SUMS_SGEMM;
     const int64_t cc = s->c_in * s->c_out;
     if (grad) return cc > WINOGRAD_CHANNELS_GRAD_MAX_CC;
-    if (mdl_cpu_intel() && mdl_cpu_simd() >= MDL_SIMD_AVX512)
+    const int avx512 = mdl_cpu_simd() >= MDL_SIMD_AVX512;
+    if (mdl_cpu_intel() && avx512)
         return mdl_winograd_points(s) * cc * (int64_t)sizeof(float) >
                mdl_l2_bytes() / 8 * WINOGRAD_INTEL_L2_EIGHTHS;
-    return cc > (wo >= WINOGRAD_WIDE_MIN_WO ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC);
+    const int wide = wo >= WINOGRAD_WIDE_MIN_WO &&
+                     !(avx512 && mdl_cpu_amd_family() >= WINOGRAD_AMD_NOT_WIDE_FAMILY);
+    return cc > (wide ? WINOGRAD_CHANNELS_WIDE_MAX_CC : WINOGRAD_CHANNELS_MAX_CC);
 }
 static int64_t wino_tiles(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {

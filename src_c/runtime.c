@@ -9,6 +9,9 @@
 #  include <sched.h>
 #endif
 #include "common.h"
+#if MDL_X86 && defined(__GNUC__)
+#  include <cpuid.h>
+#endif
 
 #define MDL_STR2(x) #x
 #define MDL_STR(x) MDL_STR2(x)
@@ -136,6 +139,23 @@ int mdl_cpu_intel(void)
         v = 0;
 #endif
         __atomic_store_n(&intel, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+int mdl_cpu_amd_family(void)
+{
+    static int family = -1; /* -1: not yet read; every thread reads the same value */
+    int v = __atomic_load_n(&family, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = 0;
+#if MDL_X86 && defined(__GNUC__)
+        unsigned a, b, c, d;
+        __builtin_cpu_init();
+        if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d))
+            v = (int)((a >> 8) & 0xf) + ((((a >> 8) & 0xf) == 0xf) ? (int)((a >> 20) & 0xff) : 0);
+#endif
+        __atomic_store_n(&family, v, __ATOMIC_RELAXED);
     }
     return v;
 }
