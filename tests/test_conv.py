@@ -475,14 +475,23 @@ def test_conv2d_pooled(simd, threads, rng, case):
 ], ids=pooled_id)
 def test_conv2d_pooled_winograd_sums(simd, threads, winograd_sums, rng, case):
     """The pooled forward with the Winograd sums in registers and by SGEMMs (each image
-    pooled from the thread's buffer): exactly conv2d, then the pooling, then ReLU."""
+    pooled from the thread's buffer): exactly conv2d, then the pooling, then ReLU, also
+    in a workspace of exactly the size the C core reports."""
     conv, pool, k, s, p, ceil, relu, prelu = case
     x, wt, b, kw = make(rng, conv)
     y = ops.conv2d_pooled(x, wt, b, **kw, relu=relu, pool=pool, kernel_size=k, pool_stride=s,
                           pool_padding=p, ceil_mode=ceil, pool_relu=prelu)
+    conv_out = ops.conv2d(x, wt, b, **kw, relu=relu)
     steps = (ops.max_pool2d if pool == "max" else ops.avg_pool2d)(
-        ops.conv2d(x, wt, b, **kw, relu=relu), k, stride=s, padding=p, ceil_mode=ceil)
+        conv_out, k, stride=s, padding=p, ceil_mode=ceil)
     np.testing.assert_array_equal(y, ops.relu(steps) if prelu else steps)
+    shape = c_shape(conv)
+    pool_shape = conv_out.shape + (k, k, s, s, p, p, ceil)
+    ws = np.empty(_C.conv2d_pooled_workspace_size(shape, pool_shape) // 4, np.float32)
+    out = np.empty(y.size, np.float32)
+    _C.conv2d_forward_pooled(shape, x.ravel(), wt.ravel(), b, relu, pool_shape, pool == "avg",
+                             prelu, out, ws)
+    np.testing.assert_array_equal(out.reshape(y.shape), y)
 
 
 def test_conv2d_pooled_bad_input(rng):
