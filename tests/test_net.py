@@ -228,7 +228,9 @@ def test_inference_fusion_finds_conv_bn_relu_chains():
     assert g["layer1.0.conv1"] == ["layer1.0.bn1", "layer1.0.relu1"]
     assert g["layer1.0.conv2"] == ["layer1.0.bn2"]  # then the add: the ReLU reads the sum
     assert g["layer2.0.downsample.0"] == ["layer2.0.downsample.1"]
-    assert len(g) == 21  # every convolution
+    assert g["layer1.0.add"] == ["layer1.0.relu2"]
+    assert g["layer3.2.add"] == ["layer3.2.relu2"]  # the last block's too (the pool reads it)
+    assert len(g) == 21 + 9  # every convolution and every residual addition
     # poolings too, and a ReLU after a pooling
     assert inference_fusion(models.build("cifar10_quick", seed=None)) == {
         "conv1": ["pool1", "relu1"], "conv2": ["relu2", "pool2"], "conv3": ["relu3", "pool3"]}

@@ -43,7 +43,8 @@ Conv+BatchNorm+ReLU for training:
   input, the ReLU's output, which the ReLU no longer keeps; the ReLU "pool-masks").
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
-(BatchNorm folded into its weights, ReLU in its epilogue).  Each step also states
+(BatchNorm folded into its weights, ReLU in its epilogue), and each residual Add (the
+ReLU after it).  Each step also states
 the bytes its kernels read and write (`bytes_forward`, `bytes_backward`, from the
 shapes: what each kernel's passes over memory touch) and `bytes_moved()` adds up a
 training step.  `make_plan` also predicts the
@@ -381,8 +382,9 @@ def inference_fusion(net: Net) -> Dict[str, List[str]]:
     BatchNorm2d right after it (folded into its weights and bias), then a ReLU
     (applied by its epilogue), or a ReLU alone; then a MaxPool2d or AvgPool2d (each
     image's output pooled while it is in the cache, minidl.ops.conv2d_pooled), then a
-    ReLU after the pooling.  A layer is absorbed only when it is the sole reader of the
-    one before it, whose output then never exists."""
+    ReLU after the pooling.  And the ReLU after a residual Add (applied in the same
+    pass, minidl.ops.affine_add).  A layer is absorbed only when it is the sole reader
+    of the one before it, whose output then never exists."""
     readers = _readers(net)
 
     def take(chain: List[str], *kinds: str) -> bool:
@@ -395,13 +397,15 @@ def inference_fusion(net: Net) -> Dict[str, List[str]]:
 
     groups = {}
     for k, n in net.layers():
-        if type(n.layer).__name__ != "Conv2d":
-            continue
+        kind = type(n.layer).__name__
         chain = [k]
-        take(chain, "BatchNorm2d")
-        take(chain, "ReLU")
-        if take(chain, "MaxPool2d", "AvgPool2d"):
+        if kind == "Add":
             take(chain, "ReLU")
+        elif kind == "Conv2d":
+            take(chain, "BatchNorm2d")
+            take(chain, "ReLU")
+            if take(chain, "MaxPool2d", "AvgPool2d"):
+                take(chain, "ReLU")
         chain = chain[1:]
         if chain:
             groups[k] = chain

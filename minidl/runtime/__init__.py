@@ -19,7 +19,7 @@ a convolution's channel sums go to the BatchNorm that follows, and activations
 tagged "mapped" stay out of memory (minidl.plan says how).  In evaluation mode on
 the cpu, each convolution absorbs the BatchNorm2d and ReLU that directly follow it
 (minidl.plan.inference_fusion): the BatchNorm folded into its weights and bias, the
-ReLU applied by its epilogue.
+ReLU applied by its epilogue; a residual Add applies the ReLU after it in its pass.
 
 Optional instruments: per step forward/backward seconds (`timings`; a layer's
 backward includes adding its input gradients to those already there) and memory
@@ -136,7 +136,8 @@ class Executor:
         self._reconstructed = [net.nodes[s.name].layer for s in self.plan.steps
                                if "reconstructed" in s.fused]
         # evaluation mode on the cpu: the layers each convolution absorbs (BatchNorm
-        # folded into its weights, ReLU in its epilogue; minidl.plan.inference_fusion)
+        # folded into its weights, ReLU in its epilogue) and each Add (its ReLU;
+        # minidl.plan.inference_fusion)
         self.inference_groups = inference_fusion(net) if fuse_inference and self.host else {}
         self._step_bytes = {self.plan.batch_size: self.plan.memory["step_peak"]}
         self._fits_on_host: set = set()
@@ -260,7 +261,8 @@ class Executor:
             if s.name in absorbed:
                 y, saved = absorbed.pop(s.name), None
             elif s.name in groups:
-                y, saved = self._fused(s.name, groups[s.name], outs[s.inputs[0]]), None
+                y = self._fused(s.name, groups[s.name], [outs[k] for k in s.inputs])
+                saved = None
                 absorbed.update(dict.fromkeys(groups[s.name], y))
             elif training and s.fused:
                 y, saved, sums = nodes[s.name].layer.forward_fused(
@@ -284,16 +286,19 @@ class Executor:
                     del outs[k]
         return outs[self.net.output], ctx
 
-    def _fused(self, conv: str, chain, x):
-        """Evaluation-mode output of conv and the layers it absorbs (inference_groups)."""
+    def _fused(self, name: str, chain, xs):
+        """Evaluation-mode output of a convolution or a residual Add and the layers it
+        absorbs (inference_groups)."""
         nodes = self.net.nodes
+        if type(nodes[name].layer).__name__ == "Add":  # the ReLU after it, in its pass
+            return nodes[name].layer.forward_fused(xs, ("applies-relu",))[0]
         kinds = [type(nodes[k].layer).__name__ for k in chain]
         scale = shift = None
         if kinds[0] == "BatchNorm2d":
             scale, shift = nodes[chain[0]].layer.folding()
         at = next((i for i, k in enumerate(kinds) if k.endswith("Pool2d")), len(kinds))
         pool = nodes[chain[at]].layer if at < len(kinds) else None
-        return nodes[conv].layer.forward_folded(x, scale, shift, relu="ReLU" in kinds[:at],
+        return nodes[name].layer.forward_folded(xs[0], scale, shift, relu="ReLU" in kinds[:at],
                                                 pool=pool, pool_relu=at + 1 < len(kinds))
 
     @staticmethod
