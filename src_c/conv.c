@@ -1592,23 +1592,31 @@ static void add_image_sums(int64_t n, int64_t c_out, const double *sums, double 
 }
 
 /* The scalar and dense paths' epilogue: max(y, 0) (NaN passes, as in the SIMD kernels)
- * and the channel sums in float64. */
+ * and the channel sums in float64, each channel's over the images and pixels in order,
+ * swept in memory order (a channel's planes lie c_out P floats apart) */
 static void epilogue_scalar(const mdl_conv2d_shape *s, int64_t P, int relu, double *channel_sum,
                             double *channel_sumsq, float *y)
 {
-    for (int64_t c = 0; c < s->c_out; c++) {
-        double a = 0.0, q = 0.0;
-        for (int64_t b = 0; b < s->n; b++) {
-            float *yp = y + (b * s->c_out + c) * P;
+    const int64_t c_out = s->c_out, all = s->n * c_out * P;
+    if (relu)
+        for (int64_t i = 0; i < all; i++) y[i] = y[i] < 0.0f ? 0.0f : y[i];
+    if (!channel_sum && !channel_sumsq) return;
+    for (int64_t c = 0; c < c_out; c++) {
+        if (channel_sum) channel_sum[c] = 0.0;
+        if (channel_sumsq) channel_sumsq[c] = 0.0;
+    }
+    for (int64_t b = 0; b < s->n; b++)
+        for (int64_t c = 0; c < c_out; c++) {
+            const float *yp = y + (b * c_out + c) * P;
+            double a = channel_sum ? channel_sum[c] : 0.0;
+            double q = channel_sumsq ? channel_sumsq[c] : 0.0;
             for (int64_t p = 0; p < P; p++) {
-                if (relu && yp[p] < 0.0f) yp[p] = 0.0f;
                 a += yp[p];
                 q += (double)yp[p] * yp[p];
             }
+            if (channel_sum) channel_sum[c] = a;
+            if (channel_sumsq) channel_sumsq[c] = q;
         }
-        if (channel_sum) channel_sum[c] = a;
-        if (channel_sumsq) channel_sumsq[c] = q;
-    }
 }
 
 /* ---- tiny images: one SGEMM with the dense weights (dense_path) ------------------------ */
