@@ -213,10 +213,11 @@ MDL_API mdl_status mdl_conv2d_forward(const mdl_conv2d_shape *s, const float *x,
                                       const float *w, const float *bias, float *y,
                                       void *workspace, size_t workspace_bytes);
 /* The forward with an epilogue applied while each output tile is still in
- * registers: y = conv(x, w) + bias, then y = max(y, 0) when relu is non-zero, then
- * channel_sum[co] and channel_sumsq[co] (float64, overwritten; either may be NULL)
- * = the sum and the sum of squares of the final y over n, h_out and w_out (the
- * statistics of a BatchNorm that follows, without another pass over y). */
+ * registers: y = conv(x, w) + bias, then y = max(y, 0) when relu is non-zero (NaN
+ * stays NaN, as in mdl_relu_forward), then channel_sum[co] and channel_sumsq[co]
+ * (float64, overwritten; either may be NULL) = the sum and the sum of squares of the
+ * final y over n, h_out and w_out (the statistics of a BatchNorm that follows, without
+ * another pass over y). */
 MDL_API mdl_status mdl_conv2d_forward_ex(const mdl_conv2d_shape *s, const float *x,
                                          const float *w, const float *bias, int relu,
                                          double *channel_sum, double *channel_sumsq, float *y,

@@ -266,7 +266,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None, *,
 
     x: (N, C_in, H, W), w: (C_out, C_in, kh, kw), b: (C_out,) or None.
     stride (>= 1) and padding (>= 0): an int or an (h, w) pair.
-    relu: return max(y, 0), applied by the convolution's epilogue (no second pass).
+    relu: return max(y, 0), applied by the convolution's epilogue (no second pass);
+    NaN stays NaN, as in relu.
     Returns y: (N, C_out, H_out, W_out), H_out = (H + 2 * pad_h - kh) // stride_h + 1.
     """
     x, w, b, shape, ho, wo = _conv_args(x, w, b, stride, padding)

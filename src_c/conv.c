@@ -976,7 +976,7 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
             float v = out[co * ld + p];
             if (beta != 0.0f) v += beta * y[co * P + p]; /* y is not read otherwise */
             if (bias) v += b;
-            y[co * P + p] = relu ? (v > 0.0f ? v : 0.0f) : v;
+            y[co * P + p] = relu && v < 0.0f ? 0.0f : v; /* NaN passes */
         }
     }
 }

@@ -189,8 +189,8 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
         *v1 = _mm256_add_ps(*v1, b);
     }
     if (ep->relu) {
-        *v0 = _mm256_max_ps(*v0, _mm256_setzero_ps());
-        *v1 = _mm256_max_ps(*v1, _mm256_setzero_ps());
+        *v0 = _mm256_max_ps(_mm256_setzero_ps(), *v0); /* NaN passes: max_ps returns */
+        *v1 = _mm256_max_ps(_mm256_setzero_ps(), *v1); /* its second operand then */
     }
     if (ep->row_sum) {
         __m256 a0 = _mm256_and_ps(*v0, m0), a1 = _mm256_and_ps(*v1, m1);

@@ -57,7 +57,7 @@ static inline __attribute__((always_inline)) __m512
 rows_epilogue(const mdl_epilogue *ep, int64_t row, __m512 v)
 {
     if (ep->bias) v = _mm512_add_ps(v, _mm512_set1_ps(ep->bias[row]));
-    if (ep->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+    if (ep->relu) v = _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN passes */
     if (ep->row_sum) {
         ep->row_sum[row] += _mm512_reduce_add_ps(v);
         ep->row_sumsq[row] += _mm512_reduce_add_ps(_mm512_mul_ps(v, v));

@@ -253,7 +253,7 @@ output_transform(const int R, const mdl_conv2d_shape *s, const wino_geom *g, int
                         const int64_t cols = wo - 2 * k - 8 * q; /* outputs left in this row */
                         if (cols <= 0) break;
                         __m256 o = _mm256_add_ps(out[q], bias);
-                        if (ep && ep->relu) o = _mm256_max_ps(o, zero);
+                        if (ep && ep->relu) o = _mm256_max_ps(zero, o); /* NaN passes */
                         if (cols >= 8) {
                             _mm256_storeu_ps(yr + 8 * q, o);
                         } else {

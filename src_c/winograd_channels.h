@@ -404,7 +404,7 @@ tile_outputs(const int A, int64_t c_out, int64_t co, const float *m, const float
         for (int p = 0; p < 16; p++) o[p] = v_add(o[p], b);
     }
     if (relu)
-        for (int p = 0; p < 16; p++) o[p] = v_max(o[p], zero);
+        for (int p = 0; p < 16; p++) o[p] = v_max(zero, o[p]); /* NaN passes */
     if (sums) {
         vf s = zero, q = zero;
         for (int p = 0; p < 16; p++)

@@ -167,7 +167,7 @@ struct ConvForward {
     {
         const int img = g.by_P.div(j), p = j - img * g.P;
         float v = bias ? acc + bias[i] : acc;
-        if (relu && !(v > 0.0f)) v = 0.0f; /* as the CPU: NaN becomes 0 */
+        if (relu && v < 0.0f) v = 0.0f; /* NaN passes, as on the CPU */
         y[((int64_t)img * g.c_out + i) * g.P + p] = v;
         return v;
     }

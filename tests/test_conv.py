@@ -332,6 +332,30 @@ def test_nan_flows_to_the_output(simd, rng, case):
     assert np.isnan(dw).any() and not np.isnan(dx).any() and not np.isnan(db).any()
 
 
+@pytest.mark.parametrize("algo", ["gemm", "winograd"])
+@pytest.mark.parametrize("case", [
+    (5, 8, 4, 4, 12, 3, 3, 1, 1),             # images in groups
+    (2, 5, 7, 7, 13, 1, 1, 1, 0),             # pointwise
+    (2, 16, 8, 8, 16, 3, 3, 1, 1),            # image read in place; channels in vectors
+    (2, 24, 8, 8, 8, 3, 3, 1, 1),             # 8 channels to a vector
+    (2, 5, 9, 9, 7, 3, 3, 1, 1),              # F(2x2) tiles (AVX2 level, forced)
+    (16, 8, 2, 2, 6, 3, 3, 1, 1),             # dense weights
+    (2, 3, 9, 8, 5, 3, 2, 2, 1),              # strided
+], ids=ids)
+def test_nan_passes_the_relu_epilogue(simd, rng, case, algo):
+    """The ReLU in a convolution's epilogue keeps NaN, as ops.relu does, on every path
+    (the SIMD ones made it 0 until 2026-12-07, the scalar and dense ones did not)."""
+    x, wt, b, kw = make(rng, case)
+    x[0, 1 % x.shape[1], 1, 1] = np.nan
+    minidl.set_conv_algo(algo)
+    try:
+        y = ops.conv2d(x, wt, b, relu=True, **kw)
+        np.testing.assert_array_equal(y, ops.relu(ops.conv2d(x, wt, b, **kw)))
+        assert np.isnan(y).any()
+    finally:
+        minidl.set_conv_algo("auto")
+
+
 def test_nan_flows_to_the_output_dense(simd, rng):
     """2x2 images under 3x3 with padding 1 (one SGEMM with dense weights): every output
     of an image reads every input, so one NaN input makes that image's outputs NaN and

@@ -191,6 +191,19 @@ def test_conv2d_forward(gpu, rng, case, with_bias):
     check(gpu.down(py, want.shape), want, "conv", "y")
 
 
+def test_conv2d_relu_keeps_nan(gpu, rng):
+    """The ReLU in the store keeps NaN, as the CPU's does (max(NaN, 0) is NaN)."""
+    shape, (ho, wo), x, wt, bias, _, kw = conv_case(rng, 2, 8, 6, 6, 16, 3, 3, 1, 1)
+    x[0, 1, 2, 2] = np.nan
+    want = ops.conv2d(x, wt, bias, relu=True, **kw)
+    py = gpu.empty(want.shape)
+    run(cuda.conv2d_forward_ex, shape, gpu.up(x), gpu.up(wt), gpu.up(bias), True, 0, 0, py)
+    got, nan = gpu.down(py, want.shape), np.isnan(want)
+    assert nan.any() and not nan.all()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    check(got[~nan], want[~nan], "conv", "relu(y) beside the NaN")
+
+
 @pytest.mark.parametrize("case", CONV_SHAPES)
 def test_conv2d_forward_epilogue(gpu, rng, case):
     """bias + ReLU in the store and the float64 channel sums, against the CPU kernel: with
