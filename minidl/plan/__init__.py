@@ -44,10 +44,9 @@ Conv+BatchNorm+ReLU for training:
 
 `inference_fusion` says which layers each convolution absorbs in evaluation mode
 (BatchNorm folded into its weights, ReLU in its epilogue), and each residual Add (the
-ReLU after it).  Each step also states
-the bytes its kernels read and write (`bytes_forward`, `bytes_backward`, from the
-shapes: what each kernel's passes over memory touch) and `bytes_moved()` adds up a
-training step.  `make_plan` also predicts the
+ReLU after it).  Each step also states the bytes its kernels read and write
+(`bytes_forward`, `bytes_backward`, from the shapes: what each kernel's passes over
+memory touch) and `bytes_moved()` adds up a training step.  `make_plan` also predicts the
 step's peak memory by replaying the executor's allocation order over the tensor
 sizes, without running a kernel: `peak` = parameters + float buffers + optimizer
 state + the step's peak (the batch, activations, saved statistics, activation and
