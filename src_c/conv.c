@@ -481,6 +481,13 @@ typedef struct conv_geom {
     size_t need;         /* the whole workspace for one thread, with MDL_WS_SLACK */
 } conv_geom;
 
+/* Thread t's buffer for the pooled forward's outputs: the last pool_floats of its
+ * scratch, which follows the workspace's fixed part per_thread bytes apart */
+static float *pool_buffer(const conv_geom *g, float *ws, int t)
+{
+    return ws + (g->fixed + (size_t)(t + 1) * g->per_thread) / sizeof(float) - g->pool_floats;
+}
+
 
 /* the per-image channel sums of the forward, (n, 2, c_out) doubles, in floats */
 #define SUMS_FLOATS(s) FLOATS(4 * (size_t)((s)->n * (s)->c_out))
@@ -1177,7 +1184,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
         MDL_THREAD_ID(t, T);
         (void)T;
         float *col = thread_ws + t * (g->per_thread / sizeof(float)), *obuf = col + col_floats;
-        float *bbuf = obuf + out_floats, *end = col + (g->per_thread / sizeof(float) - g->pool_floats);
+        float *bbuf = obuf + out_floats, *end = pool_buffer(g, ws, t);
         /* the output of image b + q of a call (before pooling), and the call's pooling */
 #define OUT2(b, q) (pl ? end + (q) * c_out * P : y + ((b) + (q)) * c_out * P)
 #define OUT(b) OUT2(b, 0)
@@ -1418,7 +1425,6 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
                                 float beta, float *y, float *ws, size_t avail, int nt, int avx512)
 {
     const int64_t c_out = s->c_out, P = g->P;
-    const size_t stride = g->per_thread / sizeof(float);
     const sums_layout L = wino_sums_layout(s, g->ho, g->wo, 0);
     const int64_t tiles = L.tiles, nbw = L.images, xi = mdl_winograd_points(s);
     float *v = shared, *m = shared + L.m, *gws = shared + L.gws;
@@ -1435,7 +1441,7 @@ static mdl_status winograd_sums(const mdl_conv2d_shape *s, const conv_geom *g, c
             MDL_THREAD_ID(t, T);
             const int64_t lo = b + nb * t / T, hi = b + nb * (t + 1) / T;
             if (pl) { /* an image at a time into the thread's buffer, then its pooling */
-                float *out = ws + g->fixed / sizeof(float) + (t + 1) * stride - g->pool_floats;
+                float *out = pool_buffer(g, ws, t);
                 for (int64_t i = lo; i < hi; i++) {
                     (avx512 ? mdl_winograd_avx512_tiles_y : mdl_winograd8_tiles_y)(
                         s, g->ho, g->wo, 1, m + (i - b) * tiles * xi * c_out, bias, relu, NULL,
