@@ -10,7 +10,9 @@ the table shows the best round of each (the machine at its quietest) and the
 median over rounds of the per-round ratio minidl / NumPy.  Before each timed
 sample the bench sleeps --settle seconds: OpenBLAS's worker threads busy-wait
 for about 0.1 s after a call (and OpenMP's for a shorter while), and on 2 cores
-spinning workers of one library halve the speed of the other.  minidl is called
+spinning workers of one library halve the speed of the other; then it makes one
+untimed call, since after an idle moment this VM's host runs both vCPUs on one core
+for the next few ms (bench/NOTES.md, bench/omp_wake.c).  minidl is called
 through minidl._C with a preallocated workspace, as the convolution layers call
 it, with the transposes the convolution passes use.
 
@@ -177,8 +179,9 @@ def load_other(tree: str, threads: int):
 
 def timed(fn, min_time, settle):
     """Seconds per call, from enough back-to-back calls to last min_time, after
-    `settle` idle seconds."""
+    `settle` idle seconds and one untimed call."""
     time.sleep(settle)
+    fn()
     reps = 1
     while True:
         t0 = time.perf_counter()
