@@ -615,6 +615,12 @@ mdl_status mdl_cuda_conv2d_backward(const mdl_conv2d_shape *s, const float *x,
                                     mdl_cuda_stream stream)
 {
     static const char fn[] = "mdl_cuda_conv2d_backward";
+    /* the weight gradient's own arguments checked before the data gradient is launched,
+     * so that a call rejected has changed nothing (its other checks are the data
+     * gradient's) */
+    MDL_CHECK_AFFINE(fn, in, "in");
+    MDL_CHECK_PTR_FN(fn, x);
+    MDL_CHECK_PTR_FN(fn, dw);
     mdl_status st = MDL_OK;
     if (dx)
         st = backward_data(fn, s, dy, w, dx, accumulate_dx, workspace, workspace_bytes, stream);

@@ -197,3 +197,46 @@ def test_output_sizes_match_C():
         assert cuda.conv2d_output_size(shape) == _C.conv2d_output_size(shape)
     for shape in [(1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1), (1, 1, 7, 6, 3, 2, 2, 1, 1, 1, 0)]:
         assert cuda.pool2d_output_size(shape) == _C.pool2d_output_size(shape)
+
+
+# ---- the C API: NULL pointers -----------------------------------------------------------
+
+def _null_pointers(header, library):
+    """tests/c/null_pointers.py on a header and its library, in a fresh interpreter
+    (under `make sanitize`, an AddressSanitizer report is exit code 99, no status)."""
+    import json
+    import minidl
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":exitcode=99"}
+    run = subprocess.run([sys.executable, os.path.join(here, "c", "null_pointers.py"),
+                          os.path.join(minidl.get_include(), header),
+                          os.path.join(minidl.get_library_dir(), library)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_c_api_null_pointers_are_rejected_as_on_the_cpu():
+    """Every mdl_status function of minidl_cuda.h through ctypes with each pointer NULL in
+    turn: MDL_ERR_ARG for exactly the pointers that its twin in minidl.h rejects, before
+    anything reaches a device; a call that passes its checks reaches the device with the
+    script's host buffers: MDL_ERR_DEVICE without a GPU (MDL_OK or MDL_ERR_DEVICE with
+    one); never a crash or a hang."""
+    ok, arg, workspace, device = 0, 1, 2, 5  # mdl_status
+    # the one pointer the CPU takes NULL for and the GPU may not (minidl_cuda.h: the
+    # pooled forward's workspace holds the convolution's output and must be given)
+    given = {("mdl_cuda_conv2d_forward_pooled", "workspace"): workspace}
+    reached = (device,) if cuda.device_count() == 0 else (ok, device)
+    gpu, cpu = (_null_pointers("minidl_cuda.h", "libminidl_cuda.so"),
+                _null_pointers("minidl.h", "libminidl.so"))
+    assert len(gpu) > 40 and gpu["mdl_cuda_device_count"] == {"valid": ok, "null": {"n": arg}}
+    for function, r in gpu.items():
+        twin = cpu.get(function.replace("mdl_cuda_", "mdl_"))
+        if twin is None:  # device_count and synchronize
+            continue
+        assert set(r["null"]) == set(twin["null"]), function
+        for name, status in r["null"].items():
+            want = ((given[function, name],) if (function, name) in given
+                    else (arg,) if twin["null"][name] == arg else reached)
+            assert status in want, (function, name, status)
+        assert r["valid"] in ((ok,) if "output_size" in function else reached), (function, r)

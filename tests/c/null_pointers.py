@@ -1,12 +1,16 @@
-"""Calls every mdl_status function of include/minidl.h through ctypes: once with
-valid arguments (small shapes, 1 MiB buffers of ones, labels and taps 0), then once
-per pointer argument with that pointer NULL, each call in a forked child so that a
-crash is a result, not the end of the run.  Prints one JSON object: function ->
-{"valid": status, "null": {argument: status}}, a status being the child's exit code
-(the mdl_status returned; negative: killed by that signal).
+"""Calls every mdl_status function of include/minidl.h (or include/minidl_cuda.h)
+through ctypes: once with valid arguments (small shapes, 1 MiB buffers of ones, labels
+and taps 0; a CUDA function's stream NULL, the default stream), then once per pointer
+argument with that pointer NULL, each call in a forked child so that a crash is a
+result, not the end of the run.  Prints one JSON object: function -> {"valid": status,
+"null": {argument: status}}, a status being the child's exit code (the mdl_status
+returned; negative: killed by that signal).  The buffers are host memory: a CUDA
+function that passes its checks reaches the device with them, so minidl_cuda.h is
+for machines without a GPU (MDL_ERR_DEVICE there).
 
 Run in a fresh interpreter (tests/test_packaging.py does): the parent never runs a
-kernel, so the forked children start from a process without OpenMP threads.
+kernel, so the forked children start from a process without OpenMP threads (or a
+CUDA context).
 Usage: python null_pointers.py HEADER LIBRARY"""
 import ctypes as C
 import json
@@ -60,13 +64,16 @@ def arguments(function: str, params):
     for i, p in enumerate(params):
         name = _name(p)
         kind = p[:p.rfind(name)].strip()
-        if "*" in kind:
+        if kind == "mdl_cuda_stream":  # NULL: the default stream, never an error
+            types.append(C.c_void_p)
+            values.append(None)
+        elif "*" in kind:
             pointers.append(i)
             types.append(C.c_void_p)
             if "mdl_conv2d_shape" in kind:
                 values.append(_pointer(ConvShape(2, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1)))
             elif "mdl_pool2d_shape" in kind:  # the pooled convolution pools its output
-                c = 4 if function == "mdl_conv2d_forward_pooled" else 3
+                c = 4 if function.endswith("conv2d_forward_pooled") else 3
                 values.append(_pointer(PoolShape(2, c, 5, 5, 2, 2, 2, 2, 0, 0, 0)))
             elif "mdl_affine" in kind:
                 values.append(_pointer(Affine(_buffer(""), _buffer(""), 0)))
