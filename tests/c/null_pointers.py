@@ -5,8 +5,8 @@ argument with that pointer NULL, each call in a forked child so that a crash is 
 result, not the end of the run.  Prints one JSON object: function -> {"valid": status,
 "null": {argument: status}}, a status being the child's exit code (the mdl_status
 returned; negative: killed by that signal).  The buffers are host memory: a CUDA
-function that passes its checks reaches the device with them, so minidl_cuda.h is
-for machines without a GPU (MDL_ERR_DEVICE there).
+function that passes its checks hands them to the device (MDL_ERR_DEVICE without a
+GPU; with one, MDL_ERR_DEVICE or MDL_OK, the launch being asynchronous).
 
 Run in a fresh interpreter (tests/test_packaging.py does): the parent never runs a
 kernel, so the forked children start from a process without OpenMP threads (or a
