@@ -79,7 +79,8 @@ def random_net(seed: int) -> minidl.Net:
 
 
 SEEDS = [*range(40),
-         79100, 81964]  # a bias ahead of a BatchNorm whose rounding passed 1e-4 of the floor
+         79100, 81964,  # a bias ahead of a BatchNorm whose rounding passed 1e-4 of the floor
+         203580, 206307]  # weights behind BatchNorms over 4 samples, 1.1e-4 and 1.8e-4
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -215,8 +216,10 @@ def reference_gradients(net, x, y):
 
 KINK = 1e-5  # activations of order 1 rounded through float32 layers: flips seen up to 9e-6
 # Winograd's own rounding (about 5e-6 of a convolution's largest output) adds up over a
-# deep random net to 1e-4 - 2e-4 in a gradient; GEMM convolutions' to a few 1e-6
-TOLERANCE = {"gemm": 1e-4, "auto": 1e-3}
+# deep random net to 1e-4 - 2e-4 in a gradient; GEMM convolutions' to a few 1e-6, but a
+# BatchNorm over 4 samples amplifies it: up to 1.8e-4 in 25,500 nets, with the scalar
+# kernels as with AVX2, fused or not
+TOLERANCE = {"gemm": 3e-4, "auto": 1e-3}
 
 
 @pytest.mark.parametrize("algo", sorted(TOLERANCE))
