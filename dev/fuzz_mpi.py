@@ -30,15 +30,15 @@ from minidl.device import asnumpy  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.plan import make_plan  # noqa: E402
 from minidl.runtime import Executor  # noqa: E402
-from test_random_nets import random_net, reference_forward  # noqa: E402
+from test_random_nets import random_net, reference_gradients  # noqa: E402
 
 CASES = [(sync, fuse, device, exchange) for sync in (True, False) for fuse in (False, True)
          for device, exchange in (("cpu", "host"), ("sim", "host"), ("sim", "device"))]
 STEPS = 2
-# relative L2 per tensor, over a floor of FLOOR times the largest tensor's norm: where
-# the exact gradient is (nearly) zero (a bias ahead of a BatchNorm) it holds rounding
-# alone, which the other gradients' size sets (1e-6 to 3e-6 of the largest), and the ranks'
-# sums are taken in another order than one process's
+# relative L2 per tensor, over a floor of FLOOR times the largest tensor's norm and, for a
+# bias, the norm of its sums of |dy|: where the exact gradient is (nearly) zero (a bias
+# ahead of a BatchNorm) it holds rounding alone, of the size of the terms it sums, and the
+# ranks' sums are taken in another order than one process's
 TOL, FLOOR = 1e-4, 3e-2
 # wider than tests/test_random_nets.py's KINK: the second step compares parameters
 # already apart by rounding, and a synchronised BatchNorm (never fused) against the
@@ -62,31 +62,35 @@ def _grads(net):
 
 
 def _reference(seed, x, y, shares, sync, fuse):
-    """(gradients of each step, running statistics at the end, the nearest kink) in one
-    process."""
+    """(gradients of each step with their biases' sums of |dy| (float64), running
+    statistics at the end, the nearest kink) in one process."""
     net = _net(seed)
     opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
     batches = [np.arange(len(y))] if sync else shares
     executors = {len(b): Executor(net, make_plan(net, len(b), fuse=fuse)) for b in batches}
     steps, margin = [], np.inf
     for _ in range(STEPS):
-        total = None
+        total, terms = None, {}
         for b in batches:
-            margin = min(margin, reference_forward(net, x[b])[2])
+            _, _, m, t = reference_gradients(net, x[b], y[b])
+            margin = min(margin, m)
+            terms = {k: terms.get(k, 0) + len(b) / len(y) * v for k, v in t.items()}
             executors[len(b)].train_step(x[b], y[b], grad_scale=len(b) / len(y))
             g = _grads(net)
             total = g if total is None else {k: total[k] + g[k] for k in g}
         for k, p in net.parameters().items():
             p.grad = total[k]
-        steps.append(total)
+        steps.append((total, terms))
         opt.step()
     return steps, {k: b.copy() for k, b in net.buffers().items()}, margin
 
 
-def _off(got, want):
-    """{name: relative error} of the tensors in `got` against those in `want`."""
+def _off(got, want, terms=None):
+    """{name: relative error} of the tensors in `got` against those in `want` (and the
+    sizes of their terms, `terms`)."""
     floor = FLOOR * max((np.linalg.norm(v) for v in want.values()), default=0.0)
-    return {k: float(np.linalg.norm(got[k] - v) / max(np.linalg.norm(v), floor, 1e-30))
+    return {k: float(np.linalg.norm(got[k] - v) / max(np.linalg.norm(v), floor, 1e-30,
+                                                       np.linalg.norm((terms or {}).get(k, 0))))
             for k, v in want.items()}
 
 
@@ -116,7 +120,7 @@ def check(seed, comm):
         for step in range(STEPS):
             ex.train_step(x[mine], y[mine], grad_scale=comm.grad_scale(len(mine), total))
             reducer.finish()
-            for k, e in _off(_grads(net), ref_steps[step]).items():
+            for k, e in _off(_grads(net), *ref_steps[step]).items():
                 if not e <= TOL:
                     bad.append(f"{case}: step {step} {k} gradient off by {e:.2e}")
             opt.step()
