@@ -6,6 +6,11 @@ the result may cancel to far below them (an optimizer state after several
 steps).  Normalising by the largest value, not element-wise, keeps entries that
 cancel to near zero from dominating.
 """
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 # float32 kernels against float64 references, at the sizes the tests use.
@@ -38,3 +43,18 @@ def assert_close(got, want, kind: str, what: str = "", scale: float = 1e-3) -> N
 def f32(rng, *shape, scale=1.0):
     """Standard-normal float32 test data."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def null_pointer_statuses(header: str, library: str) -> dict:
+    """tests/c/null_pointers.py on one of the package's headers and its library, in a
+    fresh interpreter: {function: {"valid": status, "null": {argument: status}}}.  Under
+    `make sanitize` an AddressSanitizer report is exit code 99, never a status."""
+    import minidl
+    env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":exitcode=99"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, os.path.join(here, "c", "null_pointers.py"),
+                          os.path.join(minidl.get_include(), header),
+                          os.path.join(minidl.get_library_dir(), library)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import null_pointer_statuses
 from minidl import _C
 
 cuda = pytest.importorskip("minidl._cuda", reason="minidl was built without nvcc")
@@ -201,21 +202,6 @@ def test_output_sizes_match_C():
 
 # ---- the C API: NULL pointers -----------------------------------------------------------
 
-def _null_pointers(header, library):
-    """tests/c/null_pointers.py on a header and its library, in a fresh interpreter
-    (under `make sanitize`, an AddressSanitizer report is exit code 99, no status)."""
-    import json
-    import minidl
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":exitcode=99"}
-    run = subprocess.run([sys.executable, os.path.join(here, "c", "null_pointers.py"),
-                          os.path.join(minidl.get_include(), header),
-                          os.path.join(minidl.get_library_dir(), library)],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
-
-
 def test_c_api_null_pointers_are_rejected_as_on_the_cpu():
     """Every mdl_status function of minidl_cuda.h through ctypes with each pointer NULL in
     turn: MDL_ERR_ARG for exactly the pointers that its twin in minidl.h rejects, before
@@ -227,8 +213,8 @@ def test_c_api_null_pointers_are_rejected_as_on_the_cpu():
     # pooled forward's workspace holds the convolution's output and must be given)
     given = {("mdl_cuda_conv2d_forward_pooled", "workspace"): workspace}
     reached = (device,) if cuda.device_count() == 0 else (ok, device)
-    gpu, cpu = (_null_pointers("minidl_cuda.h", "libminidl_cuda.so"),
-                _null_pointers("minidl.h", "libminidl.so"))
+    gpu, cpu = (null_pointer_statuses("minidl_cuda.h", "libminidl_cuda.so"),
+                null_pointer_statuses("minidl.h", "libminidl.so"))
     assert len(gpu) > 40 and gpu["mdl_cuda_device_count"] == {"valid": ok, "null": {"n": arg}}
     for function, r in gpu.items():
         twin = cpu.get(function.replace("mdl_cuda_", "mdl_"))

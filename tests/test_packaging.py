@@ -1,5 +1,4 @@
 """The package tells C tools how to link its core, like numpy.get_include()."""
-import json
 import os
 import shutil
 import subprocess
@@ -8,6 +7,7 @@ import sys
 import pytest
 
 import minidl
+from helpers import null_pointer_statuses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,13 +44,7 @@ def test_c_api_null_pointers_are_errors_not_crashes():
     arguments and then with each pointer NULL in turn: MDL_OK, or MDL_ERR_ARG for a
     pointer that may not be NULL (tests/c/null_pointers.py); never a crash or a hang
     (under `make sanitize`, nor an AddressSanitizer report: exit code 99)."""
-    env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":exitcode=99"}
-    run = subprocess.run([sys.executable, os.path.join(HERE, "c", "null_pointers.py"),
-                          os.path.join(minidl.get_include(), "minidl.h"),
-                          os.path.join(minidl.get_library_dir(), "libminidl.so")],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr
-    results = json.loads(run.stdout)
+    results = null_pointer_statuses("minidl.h", "libminidl.so")
     assert len(results) > 40 and "mdl_conv2d_backward" in results
     for function, r in results.items():
         assert r["valid"] == 0, (function, r)
