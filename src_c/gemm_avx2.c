@@ -25,7 +25,10 @@
 #define SHORT_K 32
 #define SHORT_MR MR /* a tile's 6 rows already fit L1's 8 ways (gemm_blocked.h's tile_rows) */
 #define NR 16
-#define KC_MAX 320   /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
+#ifndef AVX2_KC /* -DAVX2_KC=N builds another K block, to measure it (bench/sgemm_c.c) */
+#define AVX2_KC 320
+#endif
+#define KC_MAX AVX2_KC /* B micro-panel kc x 16 floats: <= 20 KiB, stays in L1 */
 /* The shared-blocks driver: row groups of MC_PANELS A micro-panels (24 x 6 x 320
  * floats = 180 KiB, in L2); a B micro-panel (kc x 16 floats, 20 KiB, in L1) meets each
  * A micro-panel of the group in turn, and all of a thread's columns are one group
