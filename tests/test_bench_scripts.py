@@ -1,8 +1,9 @@
 """bench/bench_cpu.py's and bench/bench_layers.py's arithmetic and tables, on made-up
-samples (no torch, no timing), bench/bench_gemm.py's SGEMM case, and (where torch is
-installed) bench/torch_nets.py's per-layer profile."""
+samples (no torch, no timing), bench/bench_gemm.py's SGEMM case, (where torch is
+installed) bench/torch_nets.py's per-layer profile, and bench/'s C programs."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -311,3 +312,20 @@ def test_torch_layer_times_names_every_layer():
     v = torch_nets.torch_layer_times("vgg11_bn", batch_size=2, steps=1, threads=1, warmup=0)
     assert [row["name"] for row in v["layers"]] == [
         name for name, _, _ in models.spec("vgg11_bn")["layers"]]
+
+
+@pytest.mark.external
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_bench_c_programs_build_and_sgemm_c_runs(tmp_path):
+    """bench/'s C programs compile as their headers say; sgemm_c times mdl_sgemm for a
+    square and for an m x n x k shape and rejects other arguments."""
+    flags = subprocess.run([sys.executable, "-m", "minidl", "--cflags", "--libs"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name, extra in [("fma_peak", []), ("omp_wake", ["-fopenmp"]), ("sgemm_c", flags)]:
+        subprocess.run(["cc", "-O2", "-Wall", "-Werror", os.path.join(BENCH, name + ".c"),
+                        "-o", str(tmp_path / name), *extra], check=True)
+    sgemm = str(tmp_path / "sgemm_c")
+    for args in (["64", "1", "0.02"], ["16", "100", "27", "2", "0.02"]):
+        out = subprocess.run([sgemm, *args], capture_output=True, text=True, check=True)
+        assert float(out.stdout) > 0
+    assert subprocess.run([sgemm, "64", "1"], capture_output=True).returncode == 2
