@@ -40,9 +40,10 @@ STEPS = 2
 # ahead of a BatchNorm) it holds rounding alone, of the size of the terms it sums, and the
 # ranks' sums are taken in another order than one process's
 TOL, FLOOR = 1e-4, 3e-2
-# wider than tests/test_random_nets.py's KINK: the second step compares parameters
-# already apart by rounding, and a synchronised BatchNorm (never fused) against the
-# fused one-process reference (a ReLU input 3.2e-6 from 0 flipped there)
+# of tests/test_random_nets.py's _kink_margin (relative to activations above 1), as its
+# KINK: the second step compares parameters already apart by rounding, and a
+# synchronised BatchNorm (never fused) against the fused one-process reference (a ReLU
+# input 3.2e-6 from 0 flipped there)
 MARGIN = 1e-5
 
 

@@ -114,7 +114,9 @@ def test_random_nets_memory_and_fusion(seed):
 def _kink_margin(layer, x) -> float:
     """How near x is to a kink of layer: the smallest |input| of a ReLU, or the
     smallest gap between a max pool window's two largest values (exact zeros and ties,
-    which float32 reproduces, left out); inf for the other layers."""
+    which float32 reproduces, left out), over the largest |x| where that exceeds 1
+    (float32 rounds in proportion to the values: a ReLU of inputs up to 20 flipped at
+    1.35e-5); inf for the other layers."""
     if isinstance(layer, nn.ReLU):
         gaps = np.abs(x)
     elif isinstance(layer, nn.MaxPool2d):
@@ -124,7 +126,7 @@ def _kink_margin(layer, x) -> float:
             for h0, h1, _ in rows for w0, w1, _ in cols])
     else:
         return np.inf
-    return float(gaps[gaps > 0].min(initial=np.inf))
+    return float(gaps[gaps > 0].min(initial=np.inf)) / max(1.0, float(np.abs(x).max()))
 
 
 def _pool(layer):
@@ -214,7 +216,7 @@ def reference_gradients(net, x, y):
             terms)
 
 
-KINK = 1e-5  # activations of order 1 rounded through float32 layers: flips seen up to 9e-6
+KINK = 1e-5  # of _kink_margin: activations rounded through float32 layers flipped up to 9e-6
 # Winograd's own rounding (about 5e-6 of a convolution's largest output) adds up over a
 # deep random net to 1e-4 - 2e-4 in a gradient; GEMM convolutions' to a few 1e-6, but a
 # BatchNorm over 4 samples amplifies it: up to 1.8e-4 in 25,500 nets, with the scalar
