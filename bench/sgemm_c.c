@@ -5,17 +5,19 @@
  *   cc -O2 -Iinclude bench/sgemm_c.c /tmp/kc512/lib/libminidl.a -fopenmp -lm -o sgemm512
  *   ./sgemm512 2048 1 1.5     (n, threads, seconds; alternate the builds, compare medians)
  *   ./sgemm512 16 12288 144 2 1.5   (m, n, k, threads, seconds)
- * (bench/NOTES.md, "K block again") */
+ * (bench/NOTES.md, "K block again" and "Thin products on Zen 3") */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
 #include "minidl.h"
 
-/* 2 MiB aligned and, as NumPy asks for its large arrays, in transparent huge pages */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* HUGE_PAGE aligned and, as NumPy asks for its large arrays, in transparent huge pages */
 static float *alloc(size_t floats) {
-    size_t bytes = (floats * sizeof(float) + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    float *p = aligned_alloc(2u << 20, bytes);
+    size_t bytes = (floats * sizeof(float) + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    float *p = aligned_alloc(HUGE_PAGE, bytes);
     if (p) madvise(p, bytes, MADV_HUGEPAGE);
     return p;
 }
