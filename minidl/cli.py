@@ -19,8 +19,8 @@ from dataclasses import fields
 import minidl
 from minidl.device import OutOfDeviceMemory, from_options
 
-THREADS_HELP = ("kernel threads (default: $MINIDL_NUM_THREADS, else the cores this process "
-                "may use{})")
+THREADS_HELP = ("kernel threads (default, or 0: $MINIDL_NUM_THREADS, else the cores this "
+                "process may use{})")
 
 
 def _train_parser(sub):
