@@ -126,7 +126,8 @@ def _kink_margin(layer, x) -> float:
             for h0, h1, _ in rows for w0, w1, _ in cols])
     else:
         return np.inf
-    return float(gaps[gaps > 0].min(initial=np.inf)) / max(1.0, float(np.abs(x).max()))
+    scale = max(1.0, float(np.abs(x).max(initial=0.0)))
+    return float(gaps[gaps > 0].min(initial=np.inf)) / scale
 
 
 def _pool(layer):
