@@ -80,7 +80,8 @@ def random_net(seed: int) -> minidl.Net:
 
 SEEDS = [*range(40),
          79100, 81964,  # a bias ahead of a BatchNorm whose rounding passed 1e-4 of the floor
-         203580, 206307]  # weights behind BatchNorms over 4 samples, 1.1e-4 and 1.8e-4
+         203580, 206307,  # weights behind BatchNorms over 4 samples, 1.1e-4 and 1.8e-4
+         15100]  # a fused loss 1.6e-4 off the plain one's behind a BatchNorm over 2 samples
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -107,8 +108,16 @@ def test_random_nets_memory_and_fusion(seed):
             ex.train_step(x, y)
             opt.step()
             assert ex.peak_device_bytes == plan.memory["peak"], fuse
-    # 1e-4: a BatchNorm of a hidden layer's 2-5 values per feature amplifies rounding
-    assert np.isfinite(losses[0]) and abs(losses[1] - losses[0]) <= 1e-4 * abs(losses[0])
+    # The fused loss is the plain one's within rounding: 1e-4 of it, or, where the net
+    # amplifies rounding more (a BatchNorm of a hidden layer over 2 or 3 values, whose
+    # input's differences cancel: 1.6e-4 at seed 15100), as much as the plain loss moves
+    # when each input value moves by 2^-16 of itself (Winograd's rounding is about 2^-17.6)
+    net = random_net(seed).initialize(seed)
+    signs = np.random.default_rng(seed).choice(np.float32([-1, 1]), x.shape)
+    moved = Executor(net, make_plan(net, batch, fuse=False)).train_step(
+        x * (1 + 2.0**-16 * signs), y)[0]
+    tol = max(1e-4 * abs(losses[0]), abs(moved - losses[0]))
+    assert np.isfinite(losses[0]) and abs(losses[1] - losses[0]) <= tol, (losses, moved)
 
 
 def _kink_margin(layer, x) -> float:
