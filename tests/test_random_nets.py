@@ -276,10 +276,11 @@ def test_random_nets_gradients_are_the_float64_graphs(seed, algo):
     assert not bad, (f"nearest kink {margin:.1e}", bad)
 
 
-@pytest.mark.parametrize("script", ["fuzz_conv.py", "fuzz_gemm.py", "fuzz_nets.py"])
+@pytest.mark.parametrize("script", ["fuzz_conv.py", "fuzz_gemm.py", "fuzz_layers.py",
+                                    "fuzz_nets.py"])
 def test_the_fuzz_scripts_run(script):
-    """dev/'s longer runs of this check, of the convolution family and of the SGEMM, for
-    2 seconds."""
+    """dev/'s longer runs of this check, of the convolution family, of the SGEMM and of
+    BatchNorm and pooling, for 2 seconds."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "dev", script)
     run = subprocess.run([sys.executable, path, "7", "2"], capture_output=True, text=True,
                          timeout=300)
