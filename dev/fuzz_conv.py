@@ -9,7 +9,6 @@ gradient; and conv2d_pooled after a max or average pool.  Prints each case over
 the tolerance and a summary."""
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -18,7 +17,9 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package built in place
 import minidl  # noqa: E402
 import reference as ref  # noqa: E402
 from helpers import rel_err  # noqa: E402
-from minidl import _C, ops  # noqa: E402
+from minidl import ops  # noqa: E402
+
+import fuzzing  # noqa: E402  (dev/, this script's folder)
 
 
 def draw(rng):
@@ -89,30 +90,18 @@ def check(rng, case):
     return errs
 
 
+def case(rng):
+    drawn = draw(rng)
+    if drawn is None:
+        return None
+    algo = str(rng.choice(["auto", "auto", "gemm", "winograd"]))
+    minidl.set_conv_algo(algo)
+    tol = 2e-5 * max(1.0, np.sqrt(drawn[1] * drawn[5] * drawn[6] / 64))  # longer sums
+    return (drawn, algo), {k: (e, tol) for k, e in check(rng, drawn).items()}
+
+
 def main(seed: int = 0, seconds: float = 600) -> int:
-    rng = np.random.default_rng(seed)
-    all_levels = ["scalar", "avx2", "avx512"]
-    levels = all_levels[:all_levels.index(minidl.cpu_simd()) + 1]
-    end, cases, failed = time.time() + seconds, 0, 0
-    while time.time() < end:
-        case = draw(rng)
-        if case is None:
-            continue
-        simd, threads = str(rng.choice(levels)), int(rng.choice([1, 2]))
-        algo = str(rng.choice(["auto", "auto", "gemm", "winograd"]))
-        minidl.set_simd(simd)
-        minidl.set_num_threads(threads)
-        _C.set_min_parallel_work(0 if threads > 1 else 65536)
-        minidl.set_conv_algo(algo)
-        errs = check(rng, case)
-        cases += 1
-        tol = 2e-5 * max(1.0, np.sqrt(case[1] * case[5] * case[6] / 64))  # longer sums
-        bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= tol}
-        if bad:
-            failed += 1
-            print("case", case, simd, f"{threads} threads", algo, bad, flush=True)
-    print(f"{cases} cases from seed {seed}, {failed} over the tolerance")
-    return 1 if failed else 0
+    return fuzzing.run(seed, seconds, case)
 
 
 if __name__ == "__main__":

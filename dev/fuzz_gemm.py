@@ -9,16 +9,16 @@ checks C against the reference, relative to the size of its terms, and that C's
 padding is untouched.  Prints each case over the tolerance and a summary."""
 import os
 import sys
-import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the package built in place, the tests
-import minidl  # noqa: E402
 import reference as ref  # noqa: E402
 from helpers import rel_err  # noqa: E402
 from minidl import _C  # noqa: E402
+
+import fuzzing  # noqa: E402  (dev/, this script's folder)
 
 # sizes of the drivers' tiles, blocks and thresholds (tests/test_gemm.py's docstring)
 EDGES = [6, 8, 12, 14, 16, 18, 28, 32, 64, 144, 256, 300, 320, 384, 512, 1536, 1540, 4096]
@@ -81,33 +81,23 @@ def check(rng, case):
             (trans_a, trans_b, alpha, beta, lda, ldb, ldc))
 
 
+def case(rng):
+    drawn = draw(rng)
+    if drawn is None:
+        return None
+    b_mode = str(rng.choice(["auto", "in-place", "packed"]))
+    _C.set_sgemm_b(b_mode)
+    err, untouched, how = check(rng, drawn)
+    tol = 2e-5 * max(1.0, np.sqrt(drawn[2] / 64))  # longer sums
+    return (drawn, how, f"b {b_mode}"), {"c": (err, tol),
+                                         "c's padding": (0.0 if untouched else np.inf, 0.0)}
+
+
 def main(seed: int = 0, seconds: float = 600) -> int:
-    rng = np.random.default_rng(seed)
-    all_levels = ["scalar", "avx2", "avx512"]
-    levels = all_levels[:all_levels.index(minidl.cpu_simd()) + 1]
-    end, cases, failed = time.time() + seconds, 0, 0
     try:
-        while time.time() < end:
-            case = draw(rng)
-            if case is None:
-                continue
-            simd, threads = str(rng.choice(levels)), int(rng.choice([1, 2]))
-            b_mode = str(rng.choice(["auto", "in-place", "packed"]))
-            minidl.set_simd(simd)
-            minidl.set_num_threads(threads)
-            _C.set_min_parallel_work(0 if threads > 1 else 65536)
-            _C.set_sgemm_b(b_mode)
-            err, untouched, how = check(rng, case)
-            cases += 1
-            tol = 2e-5 * max(1.0, np.sqrt(case[2] / 64))  # longer sums
-            if not (err <= tol and untouched):
-                failed += 1
-                print("case", case, how, simd, f"{threads} threads", f"b {b_mode}",
-                      f"error {err:.2e}", "" if untouched else "padding written", flush=True)
+        return fuzzing.run(seed, seconds, case)
     finally:
         _C.set_sgemm_b("auto")
-    print(f"{cases} cases from seed {seed}, {failed} over the tolerance")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
