@@ -92,7 +92,7 @@ MDL_API int mdl_get_keep_workspace(void);
 /* Threads and SIMD dispatch                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* n >= 1 sets the thread count; n == 0 restores the default. */
+/* 1 <= n <= 4096 sets the thread count; n == 0 restores the default. */
 MDL_API mdl_status mdl_set_num_threads(int n);
 MDL_API int mdl_get_num_threads(void);
 /* Regions doing fewer than `work` scalar operations run on one thread
@@ -120,7 +120,9 @@ MDL_API mdl_simd mdl_get_simd(void);
 
 /* C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major.
  * op(A) is A (m x k, leading dimension lda) or, with trans_a, A^T where A is
- * k x m.  Likewise for B.  beta == 0 overwrites C without reading it. */
+ * k x m.  Likewise for B.  beta == 0 overwrites C without reading it.  An operand
+ * that spans 2^60 elements or more (rows times leading dimension) is an error, and
+ * the workspace size of such a shape is SIZE_MAX. */
 MDL_API size_t mdl_sgemm_workspace_size(int64_t m, int64_t n, int64_t k);
 MDL_API mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                              float alpha, const float *a, int64_t lda,
@@ -484,7 +486,8 @@ MDL_API mdl_status mdl_linear_backward_weights(int64_t n, int64_t in, int64_t ou
 
 /* Softmax cross-entropy with integer labels in [0, classes), mean over the
  * batch (log-sum-exp with the row maximum subtracted).  *loss receives the
- * mean; dlogits (n, classes), if not NULL, receives (softmax - onehot) / n. */
+ * mean; dlogits (n, classes), if not NULL, receives (softmax - onehot) / n
+ * (it may be logits itself). */
 MDL_API mdl_status mdl_softmax_cross_entropy(int64_t n, int64_t classes, const float *logits,
                                              const int64_t *labels, float *loss,
                                              float *dlogits);

@@ -102,6 +102,8 @@ mdl_status mdl_affine_add(int64_t n, int64_t c, int64_t hw, const float *a,
     MDL_CHECK_AFFINE(__func__, fa, "fa");
     MDL_CHECK_AFFINE(__func__, fb, "fb");
     if (n == 0 || hw == 0) return MDL_OK;
+    MDL_CHECK(n <= INT64_MAX / c / hw, "%s: n * c * hw overflows int64 (n = %lld, c = %lld, "
+              "hw = %lld)", __func__, (long long)n, (long long)c, (long long)hw);
     MDL_CHECK_PTR(a);
     MDL_CHECK_PTR(y);
     const int64_t rows = n * c;

@@ -297,9 +297,9 @@ mdl_status mdl_batch_norm_stats(int64_t c, int64_t count, const double *channel_
     MDL_CHECK_PTR(save_invstd);
     MDL_CHECK_PTR(scale);
     MDL_CHECK_PTR(shift);
-    if (!(eps >= 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
-        return mdl_error(MDL_ERR_ARG, "%s: need eps >= 0 and 0 <= momentum <= 1, got eps = %g, "
-                         "momentum = %g", __func__, (double)eps, (double)momentum);
+    if (!(eps >= 0.0f && isfinite(eps)) || !(momentum >= 0.0f && momentum <= 1.0f))
+        return mdl_error(MDL_ERR_ARG, "%s: need a finite eps >= 0 and 0 <= momentum <= 1, got "
+                         "eps = %g, momentum = %g", __func__, (double)eps, (double)momentum);
     for (int64_t ch = 0; ch < c; ch++) {
         float mf;
         mdl_bn_finish_train(count, 0.0, channel_sum[ch], channel_sumsq[ch], gamma[ch], beta[ch],

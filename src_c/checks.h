@@ -129,6 +129,10 @@ static inline mdl_status mdl_pool2d_check_shape(const char *fn, const mdl_pool2d
     MDL_CHECK(ow >= 1, "%s: output too small: w_out = %lld for w = %lld, kw = %lld, stride_w = %lld, "
               "pad_w = %lld", fn, (long long)ow, (long long)s->w, (long long)s->kw,
               (long long)s->stride_w, (long long)s->pad_w);
+    double x_count = (double)s->n * s->c * s->h * s->w, y_count = (double)s->n * s->c * oh * ow;
+    MDL_CHECK(x_count <= MDL_CONV_COUNT_LIMIT && y_count <= MDL_CONV_COUNT_LIMIT,
+              "%s: shape too large: x has %.0f elements, y %.0f (limit 2^60)", fn, x_count,
+              y_count);
     *ho = oh;
     *wo = ow;
     return MDL_OK;

@@ -1817,9 +1817,9 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     mdl_status st = pool ? pooled_geometry(fn, s, pool, &g, &pl.g) : geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_AFFINE(fn, in, "in");
-    MDL_CHECK_PTR(x);
-    MDL_CHECK_PTR(w);
-    MDL_CHECK_PTR(y);
+    MDL_CHECK_PTR_FN(fn, x);
+    MDL_CHECK_PTR_FN(fn, w);
+    MDL_CHECK_PTR_FN(fn, y);
     int fast = mdl_use_avx2();
     void *owned;
     float *ws;

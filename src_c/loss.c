@@ -19,6 +19,7 @@ double mdl_softmax_xent_rows_scalar(int64_t lo, int64_t hi, int64_t classes, con
     double total = 0.0;
     for (int64_t i = lo; i < hi; i++) {
         const float *z = logits + i * classes;
+        const float z_label = z[labels[i]]; /* before dlogits, which may be logits, is written */
         float m = z[0];
         for (int64_t j = 1; j < classes; j++)
             if (z[j] > m) m = z[j];
@@ -33,7 +34,7 @@ double mdl_softmax_xent_rows_scalar(int64_t lo, int64_t hi, int64_t classes, con
             for (int64_t j = 0; j < classes; j++) s += expf(z[j] - m);
         }
         int64_t label = labels[i];
-        total += (double)m + log(s) - (double)z[label];
+        total += (double)m + log(s) - (double)z_label;
         if (dlogits) {
             float *d = dlogits + i * classes;
             double inv_sn = inv_n / s;

@@ -76,6 +76,7 @@ double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const
     double total = 0.0;
     for (int64_t i = lo; i < hi; i++) {
         const float *z = logits + i * classes;
+        const float z_label = z[labels[i]]; /* before d, which may be z, is written */
         float *d = dlogits ? dlogits + i * classes : NULL;
 
         /* row maximum (a NaN may be skipped here; it still reaches the sum through exp) */
@@ -115,7 +116,7 @@ double mdl_softmax_xent_rows_avx2(int64_t lo, int64_t hi, int64_t classes, const
         double s = mdl_hsum_pd(_mm256_add_pd(acc0, acc1));
 
         int64_t label = labels[i];
-        total += (double)m + log(s) - (double)z[label];
+        total += (double)m + log(s) - (double)z_label;
         if (d) {
             double inv_sn = inv_n / s;
             double e_label = d[label];

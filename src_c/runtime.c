@@ -51,13 +51,17 @@ mdl_status mdl_error(mdl_status status, const char *fmt, ...)
 
 static int requested_threads; /* 0: not yet decided */
 
+/* More threads than this is a mistake, not a setting: OpenMP's runtime keeps some of
+ * its per-thread state on the stack and crashes with many thousands */
+#define MAX_THREADS 4096
+
 static int default_threads(void)
 {
     const char *env = getenv("MINIDL_NUM_THREADS");
     if (env && *env) {
         char *end;
         long n = strtol(env, &end, 10);
-        if (*end == '\0' && n >= 1 && n <= 4096) return (int)n;
+        if (*end == '\0' && n >= 1 && n <= MAX_THREADS) return (int)n;
     }
 #if defined(__linux__)
     cpu_set_t set;
@@ -75,7 +79,9 @@ static int default_threads(void)
 
 mdl_status mdl_set_num_threads(int n)
 {
-    if (n < 0) return mdl_error(MDL_ERR_ARG, "mdl_set_num_threads: n must be >= 0, got %d", n);
+    if (n < 0 || n > MAX_THREADS)
+        return mdl_error(MDL_ERR_ARG, "mdl_set_num_threads: n must be in [0, %d], got %d",
+                         MAX_THREADS, n);
     __atomic_store_n(&requested_threads, n == 0 ? default_threads() : n, __ATOMIC_RELAXED);
     return MDL_OK;
 }

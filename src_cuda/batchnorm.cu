@@ -309,9 +309,9 @@ mdl_status mdl_cuda_batch_norm_stats(int64_t c, int64_t count, const double *cha
     MDL_CHECK_PTR_FN(fn, save_invstd);
     MDL_CHECK_PTR_FN(fn, scale);
     MDL_CHECK_PTR_FN(fn, shift);
-    MDL_CHECK(eps >= 0.0f && momentum >= 0.0f && momentum <= 1.0f, "%s: need eps >= 0 and "
-              "0 <= momentum <= 1, got eps = %g, momentum = %g", fn, (double)eps,
-              (double)momentum);
+    MDL_CHECK(eps >= 0.0f && isfinite(eps) && momentum >= 0.0f && momentum <= 1.0f,
+              "%s: need a finite eps >= 0 and 0 <= momentum <= 1, got eps = %g, momentum = %g",
+              fn, (double)eps, (double)momentum);
     bn_stats<<<mdl_ew_blocks(c), MDL_EW_THREADS, 0, stream>>>(
         c, count, channel_sum, channel_sumsq, gamma, beta, eps, momentum, running_mean,
         running_var, save_mean, save_invstd, scale, shift);

@@ -62,8 +62,10 @@ def test_version_and_threads():
     assert minidl.get_num_threads() == 3
     minidl.set_num_threads(0)
     assert minidl.get_num_threads() == before
-    with pytest.raises(ValueError, match="n must be >= 0"):
-        minidl.set_num_threads(-2)
+    for n in (-2, 4097, 100000):  # 100000 crashed OpenMP's runtime in the next region
+        with pytest.raises(ValueError, match=r"n must be in \[0, 4096\], got %d" % n):
+            minidl.set_num_threads(n)
+    assert minidl.get_num_threads() == before
     with pytest.raises(ValueError, match="work must be >= 0"):
         minidl._C.set_min_parallel_work(-1)
     with pytest.raises(ValueError, match="simd level"):

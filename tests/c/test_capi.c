@@ -1,9 +1,10 @@
 /* test_capi.c -- uses minidl only through its public header and library:
  * runs a GEMM and a convolution (forward and backward) on both kernel
  * versions and checks them against plain loops, max pooling with taps against
- * max pooling that recomputes them, then checks that bad
+ * max pooling that recomputes them, the loss computed in place, then checks that bad
  * arguments come back as a status and a message.  Exit status 0 = pass. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,22 @@ static void test_pool_taps(const char *level)
     free(x); free(y); free(y2); free(dy); free(dx); free(dx2); free(tap);
 }
 
+/* the loss and its gradient with dlogits == logits equal those with separate arrays */
+static void test_xent_in_place(const char *level)
+{
+    enum { N = 5, CL = 11 };
+    float z[N * CL], d[N * CL], loss, loss_in_place;
+    int64_t labels[N] = {0, 10, 3, 7, 3};
+    unsigned s = 3;
+    for (int i = 0; i < N * CL; i++) z[i] = 4.0f * frand(&s);
+    mdl_status st = mdl_softmax_cross_entropy(N, CL, z, labels, &loss, d);
+    EXPECT(st == MDL_OK, "[%s] softmax_cross_entropy: %s", level, mdl_last_error());
+    st = mdl_softmax_cross_entropy(N, CL, z, labels, &loss_in_place, z);
+    EXPECT(st == MDL_OK && loss_in_place == loss && memcmp(z, d, sizeof d) == 0,
+           "[%s] softmax_cross_entropy in place: loss %g against %g", level,
+           (double)loss_in_place, (double)loss);
+}
+
 static void test_errors(void)
 {
     float a[4] = {0}, c[4];
@@ -232,9 +249,36 @@ static void test_errors(void)
         st = mdl_conv2d_forward(&ok, x, w, NULL, y, small_ws, sizeof small_ws);
         EXPECT(st == MDL_ERR_WORKSPACE, "small workspace: status %d", (int)st);
     }
+    st = mdl_conv2d_forward(&ok, NULL, w, NULL, y, NULL, 0);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "mdl_conv2d_forward: x must not be NULL"),
+           "NULL x: '%s'", mdl_last_error());
+    /* sizes whose products overflow, or that no memory holds, are errors, not wrapped */
+    const int64_t big = (int64_t)1 << 40, huge = INT64_MAX;
+    EXPECT(mdl_sgemm_workspace_size(1, (int64_t)1 << 62, 8) == SIZE_MAX, "sgemm workspace of 2^65");
+    st = mdl_sgemm(0, 0, 2, huge, 2, 1.0f, a, 2, a, huge, 0.0f, c, huge, NULL, 0);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "shape too large"), "sgemm n = 2^63 - 1: '%s'",
+           mdl_last_error());
+    st = mdl_sgemm(0, 0, 2, 2, 2, 1.0f, a, (int64_t)1 << 60, a, 2, 0.0f, c, 2, NULL, 0);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "shape too large"), "sgemm lda = 2^60: '%s'",
+           mdl_last_error());
+    st = mdl_affine_add(big, big, 1, a, NULL, NULL, NULL, 0, c);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "overflows"), "affine_add 2^80: '%s'",
+           mdl_last_error());
+    const mdl_pool2d_shape wide = {.n = 2147483647, .c = 2147483647, .h = 2147483647,
+                                   .w = 2147483647, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+    st = mdl_pool2d_output_size(&wide, &ho, &wo);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "shape too large"), "pool 2^124: '%s'",
+           mdl_last_error());
+    const double sums[1] = {1.0};
+    float one[1] = {1.0f}, out[4];
+    st = mdl_batch_norm_stats(1, 2, sums, sums, one, one, INFINITY, 0.1f, NULL, NULL, out,
+                              out + 1, out + 2, out + 3);
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "finite eps"), "eps inf: '%s'",
+           mdl_last_error());
     EXPECT(strcmp(mdl_status_string(MDL_OK), "ok") == 0, "status string");
     EXPECT(mdl_set_simd((mdl_simd)7) == MDL_ERR_ARG, "bad simd level");
     EXPECT(mdl_set_num_threads(-1) == MDL_ERR_ARG, "negative thread count");
+    EXPECT(mdl_set_num_threads(4097) == MDL_ERR_ARG, "thread count over 4096");
     EXPECT(mdl_set_sgemm_b((mdl_sgemm_b)3) == MDL_ERR_ARG, "bad sgemm b mode");
     EXPECT(mdl_set_sgemm_b(MDL_SGEMM_B_AUTO) == MDL_OK, "sgemm b auto");
     EXPECT(mdl_set_winograd_sums((mdl_winograd_sums)3) == MDL_ERR_ARG, "bad winograd sums mode");
@@ -251,6 +295,7 @@ int main(void)
         test_gemm(names[level]);
         test_conv(names[level]);
         test_pool_taps(names[level]);
+        test_xent_in_place(names[level]);
     }
     test_errors();
     printf("%s: %d failures\n", failures ? "FAILED" : "ok", failures);
