@@ -8,6 +8,7 @@ Parameters and buffers are addressed by PyTorch-style names "<node>.<param>".
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -29,14 +30,27 @@ class Node:
     consumers: List[str] = field(default_factory=list)
 
 
+def checked_state_value(name: str, value, shape) -> np.ndarray:
+    """A value that load_state_dict may copy into an array of `shape`: numbers of that
+    shape."""
+    src = np.asarray(value)
+    if src.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected an array of numbers, got dtype {src.dtype}")
+    if src.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {src.shape}")
+    return src
+
+
 class Net:
     """A DAG of layers.  `Net((3, 32, 32))` starts with the node "input" of that per-sample
     shape; `add(name, layer, inputs)` appends a node (inputs default to the last node)."""
 
     def __init__(self, input_shape: Sequence[int], name: str = "net"):
-        shape = tuple(int(d) for d in input_shape)
-        if not shape or any(d < 1 for d in shape):
-            raise ValueError(f"input_shape must be positive sizes, got {tuple(input_shape)}")
+        shape = tuple(input_shape)
+        if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool)
+                                and d >= 1 for d in shape):
+            raise ValueError(f"input_shape must be positive sizes, got {shape}")
+        shape = tuple(int(d) for d in shape)
         self.name = name
         self.nodes: Dict[str, Node] = {INPUT: Node(INPUT, None, [], shape)}
         self._last = INPUT
@@ -48,6 +62,10 @@ class Net:
                              + (" (already in the net)" if name in self.nodes else ""))
         if not isinstance(layer, Layer):
             raise TypeError(f"node {name!r}: expected a minidl.nn layer, got {layer!r}")
+        if getattr(layer, "_node", None) is not None:
+            raise ValueError(f"node {name!r}: this {type(layer).__name__} is already node "
+                             f"{layer._node!r} of a net; each node needs a layer of its own "
+                             f"(parameters are not shared)")
         ins = [self._last] if inputs is None else [inputs] if isinstance(inputs, str) \
             else list(inputs)
         missing = [i for i in ins if i not in self.nodes]
@@ -65,6 +83,7 @@ class Net:
             raise ShapeError(f"node {name!r} ({type(layer).__name__}): {e}; inputs: {desc}") \
                 from None
         self.nodes[name] = Node(name, layer, ins, shape)
+        layer._node = name
         for i in ins:
             self.nodes[i].consumers.append(name)
         self._last = name
@@ -124,11 +143,9 @@ class Net:
         if missing or extra:
             raise KeyError(f"state does not match net {self.name!r}: missing {missing[:5]}, "
                            f"unexpected {extra[:5]}")
-        for k, dst in targets.items():
-            src = np.asarray(state[k])
-            if src.shape != dst.shape:
-                raise ValueError(f"{k}: expected shape {dst.shape}, got {src.shape}")
-            copy_into(dst, src)
+        sources = {k: checked_state_value(k, state[k], dst.shape) for k, dst in targets.items()}
+        for k, dst in targets.items():  # all checked first: nothing changes on an error
+            copy_into(dst, sources[k])
 
     def to(self, device) -> "Net":
         """Moves every parameter and float32 buffer to device ("cpu", "sim", "cuda:0" or

@@ -108,7 +108,8 @@ def _kernels(**operands):
                           for k, a in operands.items() if a is not None)
         raise ValueError(f"operands must be on one device, got {where}; move them explicitly "
                          f"(device.to_device / device.to_host)")
-    return devices.pop().kernels
+    device = devices.pop()
+    return _C if device is None else device.kernels  # None: subclasses of ndarray
 
 
 def _empty(like, shape, dtype=np.float32):
@@ -773,8 +774,8 @@ def batch_norm(x: np.ndarray, gamma: Optional[np.ndarray], beta: Optional[np.nda
     if running_mean is not None:
         _inout("running_mean", running_mean, (c,))
         _inout("running_var", running_var, (c,))
-        if _overlap(running_mean, running_var):
-            raise ValueError("running_mean and running_var must not overlap")
+        _distinct(dict(x=x, gamma=gamma, beta=beta) if training else None,
+                  running_mean=running_mean, running_var=running_var)
     k = _kernels(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
                  running_var=running_var)
     if training:
@@ -826,6 +827,8 @@ def batch_norm_stats(channel_sum, channel_sumsq, count: int, gamma: Optional[np.
     if running_mean is not None:
         _inout("running_mean", running_mean, (c,))
         _inout("running_var", running_var, (c,))
+        _distinct(dict(channel_sum=channel_sum, channel_sumsq=channel_sumsq, gamma=gamma,
+                       beta=beta), running_mean=running_mean, running_var=running_var)
     return _batch_norm_stats(channel_sum, channel_sumsq, count, gamma, beta, running_mean,
                              running_var, momentum, eps)
 
@@ -1034,11 +1037,12 @@ def _hyper(message: str, v, ok) -> float:
     return float(v)
 
 
-def _distinct(**arrays) -> None:
-    """Arrays updated in place must not overlap one another."""
-    items = [(k, a) for k, a in arrays.items() if a is not None]
+def _distinct(read=None, **updated) -> None:
+    """Arrays updated in place must not overlap one another, nor any array of `read`
+    (name -> array), which the kernel reads while it writes them."""
+    items = [(k, a) for k, a in updated.items() if a is not None]
     for i, (ka, a) in enumerate(items):
-        for kb, b in items[i + 1:]:
+        for kb, b in items[i + 1:] + [(k, r) for k, r in (read or {}).items() if r is not None]:
             if _overlap(a, b):
                 raise ValueError(f"{ka} and {kb} must not share memory")
 

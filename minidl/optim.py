@@ -15,6 +15,7 @@ import numpy as np
 
 from minidl import _C, ops
 from minidl.device import DeviceArray, asnumpy, copy_into, zeros_like
+from minidl.graph import checked_state_value
 from minidl.nn.layers import Parameter
 
 Schedule = Callable[[int], float]
@@ -28,6 +29,9 @@ class Optimizer:
     slots: Tuple[str, ...] = ()
 
     def __init__(self, params: Mapping[str, Parameter], lr: float):
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must map names to Parameters (net.parameters()), got "
+                            f"{type(params).__name__}")
         if not params:
             raise ValueError("optimizer got no parameters")
         self.params: Dict[str, Parameter] = dict(params)
@@ -88,14 +92,13 @@ class Optimizer:
             raise KeyError(f"optimizer state does not match: missing "
                            f"{sorted(expected - set(state))[:5]}, unexpected "
                            f"{sorted(set(state) - expected)[:5]}")
-        for slot, arrays in self.state.items():
-            for k, a in arrays.items():
-                src = np.asarray(state[f"{slot}.{k}"])
-                if src.shape != a.shape:
-                    raise ValueError(f"optimizer state {slot}.{k}: expected shape {a.shape}, "
-                                     f"got {src.shape}")
-                copy_into(a, src)
-        self.steps = int(state["steps"])
+        sources = {(slot, k): checked_state_value(f"optimizer state {slot}.{k}",
+                                              state[f"{slot}.{k}"], a.shape)
+                   for slot, arrays in self.state.items() for k, a in arrays.items()}
+        steps = checked_state_value("optimizer state steps", state["steps"], ())
+        for (slot, k), src in sources.items():  # all checked first: nothing changes on an error
+            copy_into(self.state[slot][k], src)
+        self.steps = int(steps)
 
 
 class SGD(Optimizer):
@@ -109,6 +112,7 @@ class SGD(Optimizer):
         self.weight_decay, self.nesterov = weight_decay, nesterov
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum needs momentum > 0 and dampening 0")
+        self._check_hyper()
 
     def _check_hyper(self):
         ops._hyper("Invalid learning rate", self.lr, lambda v: v >= 0.0)
@@ -139,6 +143,7 @@ class Adam(Optimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
+        self._check_hyper()
 
     def _check_hyper(self):
         ops._hyper("Invalid learning rate", self.lr, lambda v: v >= 0.0)

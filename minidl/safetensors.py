@@ -50,6 +50,9 @@ _METADATA_KEY = "__metadata__"
 # The reference implementation refuses headers above 100 MB; so do we, which
 # also keeps a corrupt length from making us allocate gigabytes.
 MAX_HEADER_BYTES = 100_000_000
+# What NumPy can allocate: dimensions, and bytes counting a 0 dimension as 1
+_MAX_DIMS = 64
+_MAX_BYTES = 2**63 - 1
 
 
 class SafetensorsError(ValueError):
@@ -190,10 +193,11 @@ def _is_int(x) -> bool:
 
 
 def _no_duplicates(pairs):
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise _Duplicate(dup)
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _Duplicate(k)
+        seen.add(k)
     return dict(pairs)
 
 
@@ -208,8 +212,10 @@ def _parse_header(path, raw: bytes):
         _fail(path, f"key {e.args[0]!r} appears twice in the header")
     except UnicodeDecodeError as e:
         _fail(path, f"header is not valid UTF-8 ({e})")
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer of too many digits
         _fail(path, f"header is not valid JSON ({e})")
+    except RecursionError:
+        _fail(path, "header is not valid JSON (nested too deeply)")
     if not isinstance(header, dict):
         _fail(path, f"header must be a JSON object, not {type(header).__name__}")
 
@@ -226,7 +232,7 @@ def _parse_header(path, raw: bytes):
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             _fail(path, f"tensor {name!r}: entry must have exactly the keys dtype, shape, data_offsets")
         dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype_name not in DTYPES:
+        if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
             _fail(path, f"tensor {name!r}: unknown or unsupported dtype {dtype_name!r}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             _fail(path, f"tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}")
@@ -238,6 +244,8 @@ def _parse_header(path, raw: bytes):
         if begin > end:
             _fail(path, f"tensor {name!r}: data_offsets [{begin}, {end}] end before they begin")
         dtype = DTYPES[dtype_name]
+        if len(shape) > _MAX_DIMS or math.prod(max(d, 1) for d in shape) * dtype.itemsize > _MAX_BYTES:
+            _fail(path, f"tensor {name!r}: shape {shape} is larger than any array can be")
         want = math.prod(shape) * dtype.itemsize
         if end - begin != want:
             _fail(path, f"tensor {name!r}: shape {shape} of {dtype_name} needs {want} bytes "
@@ -264,8 +272,9 @@ def _check_layout(path, entries, buffer_size: int) -> None:
                     f"(tensors end at {position}, the data buffer has {buffer_size} bytes)")
 
 
-def load(path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
-    """Read a safetensors file: ``(tensors, metadata)``.
+def load(path, tensors: bool = True) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """Read a safetensors file: ``(tensors, metadata)`` (tensors=False: the header and
+    the layout checked, no tensor read, ``({}, metadata)``).
 
     Every array is a fresh, writable, C-contiguous array of native byte order
     that shares memory with nothing.  The header and the layout are checked in
@@ -290,8 +299,8 @@ def load(path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
         buffer_start = 8 + n
         _check_layout(path, entries, size - buffer_start)
 
-        tensors = {}
-        for begin, end, name, dtype, shape in entries:
+        arrays = {}
+        for begin, end, name, dtype, shape in entries if tensors else ():
             arr = np.empty(shape, dtype=dtype)
             if end > begin:
                 f.seek(buffer_start + begin)
@@ -300,5 +309,5 @@ def load(path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
                     _fail(path, f"tensor {name!r}: file shrank while being read")
             if sys.byteorder == "big" and dtype.itemsize > 1:
                 arr = arr.astype(dtype.newbyteorder("="))
-            tensors[name] = arr
-    return tensors, dict(metadata)
+            arrays[name] = arr
+    return arrays, dict(metadata)

@@ -323,8 +323,16 @@ def test_bad_running_stats():
         ops.batch_norm(x, g, b, running_mean=good, running_var=np.ones(4, np.float32))
     with pytest.raises(ValueError, match="given together, got only running_mean"):
         ops.batch_norm(x, g, b, running_mean=good)
-    with pytest.raises(ValueError, match="must not overlap"):
+    with pytest.raises(ValueError, match="running_mean and running_var must not share memory"):
         ops.batch_norm(x, g, b, running_mean=good, running_var=good)
+    # running statistics written while x, gamma or beta is read (a row of x was
+    # overwritten before it was normalised)
+    xs = np.ascontiguousarray(x.reshape(x.shape[0], 3, -1)[:, :, 0])
+    for name, r in (("x", xs[1]), ("gamma", g), ("beta", b)):
+        with pytest.raises(ValueError, match=f"running_mean and {name} must not share memory"):
+            ops.batch_norm(xs, g, b, running_mean=r, running_var=np.ones(3, np.float32))
+    y, _, _ = ops.batch_norm(xs, g, b, training=False, running_mean=xs[1], running_var=good + 1)
+    np.testing.assert_allclose(y, (xs - xs[1]) / np.sqrt(good + 1 + 1e-5) * g + b, atol=1e-5)
     with pytest.raises(ValueError, match="training=False needs running_mean"):
         ops.batch_norm(x, g, b, training=False)
 

@@ -2,6 +2,7 @@
 (and against the real Fashion-MNIST where the system has it), and the loader.
 No test touches the network: downloads are served by a stand-in opener."""
 import gzip
+import struct
 import hashlib
 import io
 import os
@@ -229,6 +230,9 @@ def _pickle_cases(marker):
         "wrong shape": (batch(data=flat[:, :3000]), r"shape \(N, 3072\)"),
         "label count": (batch(labels=[1, 2]), "2 labels for 3 images"),
         "label type": (batch(labels=["a", "b", "c"]), "must be a list of ints"),
+        "ragged labels": (batch(labels=[1, [2, 3], 4]), "must be a list of ints"),
+        "keys of two types": (pickle.dumps({"x": 1, b"y": 2}, protocol=2),
+                              r"missing key .*has \[\"'x'\", \"b'y'\"\]"),
         "runs code": (pickle.dumps({b"data": RunsCommand(marker)}, protocol=2), "not allowed"),
         "eval": (b"cbuiltins\neval\n(S'open(\\'%s\\', \\'w\\')'\ntR." % str(marker).encode(),
                  "global builtins.eval is not allowed"),
@@ -397,7 +401,9 @@ def _corrupt(tmp_path, which, how):
            "gzip-crc": lambda: gzip.compress(plain)[:-8] + b"\x00" * 8,
            "count": lambda: (idx_bytes(np.zeros(4, np.uint8), 0x801) if which == "labels"
                              else idx_bytes(np.zeros((4, 28, 28), np.uint8), 0x803)),
-           "label": lambda: idx_bytes(np.array([1, 2, 12, 3, 4]), 0x801)}[how]()
+           "label": lambda: idx_bytes(np.array([1, 2, 12, 3, 4]), 0x801),
+           "huge dims": lambda: plain[:4] + struct.pack(">III", 2 ** 31, 2 ** 31, 4) + plain[16:],
+           "small images": lambda: idx_bytes(np.zeros((5, 5, 5), np.uint8), 0x803)}[how]()
     path.write_bytes(out)
     return path
 
@@ -416,12 +422,30 @@ def _corrupt(tmp_path, which, how):
     ("images", "count", r"4 images but .*5 labels"),
     ("labels", "count", r"5 images but .*4 labels"),
     ("labels", "label", r"label 12 of record 2 is outside 0\.\.9"),
+    ("images", "huge dims", r"expected 18446744073709551632 for dimensions "
+                            r"\(2147483648, 2147483648, 4\) \(truncated"),
+    ("images", "small images", r"expected images of 28 x 28 pixels, got 5 x 5"),
 ])
 def test_idx_corrupt_files(tmp_path, which, how, message):
     path = _corrupt(tmp_path, which, how)
     with pytest.raises(DatasetError, match=message) as err:
         data.load_mnist(tmp_path, True, download=False)
     assert str(path) in str(err.value)
+
+
+def test_idx_gzip_bomb_is_not_decompressed(tmp_path):
+    """A gzipped idx file whose header asks for more than its compressed bytes can
+    hold, or that runs on past its data, is refused without decompressing it all."""
+    path = tmp_path / "bomb-idx3-ubyte.gz"
+    head = struct.pack(">IIII", 0x803, 1, 28, 28)
+    path.write_bytes(gzip.compress(head + bytes(28 * 28) + bytes(300 << 20)))
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(DatasetError, match="1048576 extra bytes or more"):
+        readers.read_idx(path, 0x803)
+    path.write_bytes(gzip.compress(struct.pack(">IIII", 0x803, 100_000, 28, 28) + bytes(1000)))
+    with pytest.raises(DatasetError, match=r"\(100000, 28, 28\) need 78400016 bytes, more than "
+                                           r"its \d+ gzipped bytes can hold"):
+        readers.read_idx(path, 0x803)
 
 
 def test_mnist_download(tmp_path, serve, monkeypatch):

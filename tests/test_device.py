@@ -216,6 +216,29 @@ def test_ops_take_device_and_refuse_mixed_devices(rng):
     assert "device" in str(__import__("inspect").signature(ops.conv2d))
 
 
+def test_subclasses_of_ndarray_are_host_arrays(rng, tmp_path):
+    """np.memmap (or any subclass) updated in place, as NumPy arrays are"""
+    files = iter(range(100))
+
+    def mm(a):
+        m = np.memmap(tmp_path / f"{next(files)}.bin", np.float32, "w+", shape=a.shape)
+        m[...] = a
+        return m
+
+    p, g = _r(rng, 5), _r(rng, 5)
+    want = p - 0.1 * g
+    got = ops.sgd_step(mm(p), g, lr=0.1)
+    assert isinstance(got, np.memmap)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    a, b = _r(rng, 3, 4), _r(rng, 4, 2)
+    np.testing.assert_allclose(ops.sgemm(mm(a), b, out=mm(np.zeros((3, 2), np.float32))),
+                               a @ b, rtol=1e-5)
+    x = _r(rng, 4, 3)
+    rm, rv = mm(np.zeros(3, np.float32)), mm(np.ones(3, np.float32))
+    ops.batch_norm(x, None, None, running_mean=rm, running_var=rv)
+    np.testing.assert_allclose(rm, 0.1 * x.mean(0), rtol=1e-5)
+
+
 # ---- training on sim equals training on the cpu -------------------------------------------
 
 

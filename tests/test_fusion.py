@@ -178,6 +178,16 @@ def test_batch_norm_stats_from_sums(simd, rng, shape):
     assert_close(y, want, "batch_norm", "x * scale + shift")
 
 
+def test_batch_norm_stats_running_statistics_share_nothing():
+    s, g = np.ones(3), np.ones(3, np.float32)
+    for rm, rv, match in ((g.copy(), None, "running_mean and running_var must be given together"),
+                          (g.copy(),) * 2 + ("running_mean and running_var",),
+                          (g, g.copy(), "running_mean and gamma"),
+                          (g.copy(), g, "running_var and gamma")):
+        with pytest.raises(ValueError, match=match):
+            ops.batch_norm_stats(s, s, 4, g, None, running_mean=rm, running_var=rv)
+
+
 @pytest.mark.parametrize("shape", [(4, 6, 5, 7), (3, 5, 1, 1), (8, 16, 8, 8), (2, 3, 37)])
 def test_batch_norm_relu_backward(simd, threads, rng, shape):
     """The backward of max(batch_norm(x), 0) with the ReLU's mask recomputed from x."""

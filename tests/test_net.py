@@ -97,6 +97,12 @@ def test_shape_errors_name_the_node_and_the_inputs():
     (lambda: nn.BatchNorm2d(momentum=2), ValueError, r"momentum must be a number in \[0, 1\]"),
     (lambda: nn.BatchNorm2d(momentum=None), ValueError, "momentum must be a number"),
     (lambda: nn.BatchNorm2d(eps=-1e-5), ValueError, "eps must be a finite number >= 0"),
+    (lambda: nn.Conv2d(3, -1), ValueError, "out_channels must be a positive int, got -1"),
+    (lambda: nn.Conv2d(0, 4), ValueError, "in_channels must be a positive int, got 0"),
+    (lambda: nn.Conv2d(3, 4.0), ValueError, "out_channels must be a positive int, got 4.0"),
+    (lambda: nn.Linear(None, 0), ValueError, "out_features must be a positive int, got 0"),
+    (lambda: nn.MaxPool2d(2, ceil_mode="no"), TypeError, "ceil_mode must be a bool, got 'no'"),
+    (lambda: Net((3.7, 4, 4)), ValueError, r"input_shape must be positive sizes, got \(3.7, 4, 4\)"),
 ])
 def test_layer_arguments_of_the_wrong_form(make, error, message):
     with pytest.raises(error, match=message):
@@ -116,10 +122,34 @@ def test_state_dict_round_trip_and_errors():
     del state["fc.bias"]
     with pytest.raises(KeyError, match="missing \\['fc.bias'\\]"):
         b.load_state_dict(state)
-    state = a.state_dict()
-    state["fc.bias"] = np.zeros(3, np.float32)
-    with pytest.raises(ValueError, match="fc.bias: expected shape \\(10,\\)"):
-        b.load_state_dict(state)
+    # a bad value anywhere changes nothing, even in the tensors before it
+    c = models.build("resnet20", seed=2)
+    for key, value, error, message in (
+            ("fc.bias", np.zeros(3, np.float32), ValueError, "fc.bias: expected shape \\(10,\\)"),
+            ("fc.weight", np.full((10, 64), "x"), TypeError, "fc.weight: expected an array of numbers"),
+            ("fc.weight", np.ones((10, 64), bool), TypeError, "expected an array of numbers")):
+        state = a.state_dict()
+        state[key] = value
+        with pytest.raises(error, match=message):
+            b.load_state_dict(state)
+        with pytest.raises(error, match=message):
+            c.load_state_dict(state)
+        for k, v in models.build("resnet20", seed=2).state_dict().items():
+            np.testing.assert_array_equal(c.state_dict()[k], v)
+
+
+def test_a_layer_is_one_node_of_one_net():
+    """A layer added twice would share its parameters, whose gradients the second
+    backward overwrites; added to a second net it would be built again, its first
+    net's weights redrawn."""
+    net = Net((3, 8, 8))
+    conv = nn.Conv2d(3, 3, 3, padding=1)
+    net.add("c1", conv)
+    with pytest.raises(ValueError, match="'c2': this Conv2d is already node 'c1' of a net"):
+        net.add("c2", conv)
+    with pytest.raises(ValueError, match="already node 'c1'"):
+        Net((3, 8, 8)).add("c", conv)
+    assert list(net.nodes) == ["input", "c1"]
 
 
 def test_initialize_is_deterministic_and_follows_the_spec():
@@ -188,6 +218,13 @@ def test_executor_checks_its_input(rng):
         ex.predict(np.zeros((2, 3, 28, 28), np.float32))
     with pytest.raises(ValueError, match="does not match the layers"):
         Executor(net, make_plan(models.build("cifar10_quick", seed=None), 2))
+
+
+@pytest.mark.parametrize("name", ["lenet", "cifar10_quick", "resnet20"])
+def test_predict_on_an_empty_batch(name):
+    net = models.build(name, seed=0)
+    empty = np.zeros((0, *net.input_shape), np.float32)
+    assert Executor(net, batch_size=2).predict(empty).shape == (0, 10)
 
 
 def test_timings_count_the_gradient_sums_in_the_layer_that_adds(rng, monkeypatch):

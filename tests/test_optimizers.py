@@ -92,6 +92,14 @@ def test_state_round_trip_continues_identically(rng):
     assert set(a.state_dict()) == {"momentum_buffer.p0", "momentum_buffer.p1", "steps"}
     with pytest.raises(KeyError, match="missing"):
         b.load_state_dict({"steps": np.array(1)})
+    before = b.state_dict()
+    for key, value, message in (("momentum_buffer.p1", np.zeros(2, np.float32), "expected shape"),
+                                ("steps", np.array("x"), "steps: expected an array of numbers")):
+        bad = dict(a.state_dict(), **{key: value})
+        with pytest.raises((TypeError, ValueError), match=message):
+            b.load_state_dict(bad)
+        for k, v in b.state_dict().items():  # nothing changed, not even p0's buffer
+            np.testing.assert_array_equal(v, before[k])
     with pytest.raises(ValueError, match="no parameters"):
         optim.SGD({}, lr=0.1)
     with pytest.raises(ValueError, match="Nesterov"):
@@ -168,6 +176,20 @@ def test_hyper_parameters_checked_each_step(rng):
         setattr(opt, attr, -1.0)
         with pytest.raises(ValueError, match="Invalid"):
             opt.step()
+
+
+def test_bad_arguments_fail_at_construction(rng):
+    ps = params(rng)
+    for make, error, match in ((lambda: optim.SGD(ps, lr=-1), ValueError, "Invalid learning rate"),
+                               (lambda: optim.SGD(ps, lr=0.1, dampening=float("nan")), ValueError,
+                                "Invalid dampening"),
+                               (lambda: optim.Adam(ps, betas=(0.9, 1.0)), ValueError,
+                                "Invalid beta parameter at index 1"),
+                               (lambda: optim.AdamW(ps, eps=-1), ValueError, "Invalid epsilon"),
+                               (lambda: optim.SGD(list(ps.values()), lr=0.1), TypeError,
+                                "params must map names to Parameters")):
+        with pytest.raises(error, match=match):
+            make()
 
 
 def test_schedules():

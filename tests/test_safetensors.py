@@ -262,6 +262,14 @@ CORRUPT = {
     "metadata not strings": (_file({"__metadata__": {"epoch": 3}}), "__metadata__ must be"),
     "metadata not an object": (_file({"__metadata__": ["x"]}), "__metadata__ must be"),
     "entry not an object": (_file({"a": [0, 8]}, bytes(8)), "exactly the keys"),
+    "dtype not a string": (_file({"a": _entry(["F32"], [2], 0, 8)}, bytes(8)),
+                           "unknown or unsupported dtype"),
+    "JSON nested too deeply": (_file(b"[" * 100000 + b"]" * 100000), "not valid JSON"),
+    "integer of 5000 digits": (_file(b'{"a": ' + b"9" * 5000 + b"}"), "not valid JSON"),
+    "empty with a huge dim": (_file({"a": _entry("F32", [0, 2 ** 63], 0, 0)}), "larger than any array"),
+    "empty with huge dims": (_file({"a": _entry("F32", [0, 2 ** 62, 2 ** 62], 0, 0)}),
+                             "larger than any array"),
+    "65 dims": (_file({"a": _entry("F32", [1] * 65, 0, 4)}, bytes(4)), "larger than any array"),
 }
 
 
@@ -282,6 +290,19 @@ def test_corrupt_file_raises_naming_file_and_problem(tmp_path, case):
     assert message.startswith(f"{path}: "), message
     assert problem in message, message
     assert isinstance(info.value, ValueError)
+
+
+def test_duplicate_names_are_found_in_linear_time(tmp_path):
+    """200,000 metadata keys with one repeated at the end: found at once (a quadratic
+    search took minutes)"""
+    n = 200_000
+    keys = ",".join(f'"k{i}":"v"' for i in range(n)) + f',"k{n - 1}":"v"'
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(_file(('{"__metadata__":{' + keys + "}}").encode()))
+    start = time.perf_counter()
+    with pytest.raises(SafetensorsError, match=f"'k{n - 1}' appears twice"):
+        st.load(path)
+    assert time.perf_counter() - start < 5
 
 
 def test_missing_file_is_an_os_error(tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import http.client
 import os
 import pickle
@@ -250,13 +251,17 @@ def read_cifar10_py(path: Path) -> Arrays:
         raise DatasetError(f"{path}: expected a pickled dict, got {type(batch).__name__}")
     data, labels = (batch.get(k, batch.get(k.decode())) for k in (b"data", b"labels"))
     if data is None or labels is None:
-        raise DatasetError(f"{path}: missing key b'data' or b'labels' (has {sorted(batch)})")
+        raise DatasetError(f"{path}: missing key b'data' or b'labels' "
+                           f"(has {sorted(map(repr, batch))})")
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
             and data.shape[1] == 3072):
         what = f"{data.dtype} array {data.shape}" if isinstance(data, np.ndarray) else type(data)
         raise DatasetError(f"{path}: b'data' must be a uint8 array of shape (N, 3072), "
                            f"got {what}")
-    labels = np.asarray(labels)
+    try:
+        labels = np.asarray(labels)
+    except ValueError:  # a ragged list
+        labels = np.asarray(None)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise DatasetError(f"{path}: b'labels' must be a list of ints, got {labels.dtype} "
                            f"{labels.shape}")
@@ -333,19 +338,31 @@ def load_cifar10(root: Optional[PathLike] = None, train: bool = True, *,
 
 # ---- MNIST and Fashion-MNIST (idx files) ---------------------------------------------
 
+# Deflate gives at most about 1032 bytes per compressed byte
+_GZIP_MAX_RATIO = 1100
+
+
 def read_idx(path: PathLike, magic: int) -> np.ndarray:
     """An idx file (gzipped or not, told by its first bytes) of unsigned bytes;
     ``magic`` is 0x00000803 for images, 0x00000801 for labels.
-    -> uint8 array of the dimensions in its header."""
+    -> uint8 array of the dimensions in its header.  The header is checked before
+    the data is read, so a corrupt file is never read (or decompressed) whole."""
     path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        gzipped = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
         try:
-            raw = gzip.decompress(raw)
+            return _read_idx(path, gzip.GzipFile(fileobj=f) if gzipped else f, magic, size,
+                             gzipped)
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f"{path}: corrupt gzip data ({e})") from e
+
+
+def _read_idx(path: Path, f, magic: int, size: int, gzipped: bool) -> np.ndarray:
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
+    raw = f.read(header)
     if len(raw) < 4 or int.from_bytes(raw[:4], "big") != magic:
         found = f"0x{int.from_bytes(raw[:4], 'big'):08x}" if len(raw) >= 4 else "none"
         raise DatasetError(f"{path}: magic number {found}, expected 0x{magic:08x} "
@@ -353,12 +370,22 @@ def read_idx(path: PathLike, magic: int) -> np.ndarray:
     if len(raw) < header:
         raise DatasetError(f"{path}: {len(raw)} bytes, shorter than its header (truncated?)")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
-    want = header + int(np.prod(dims))
-    if len(raw) != want:
-        problem = "truncated?" if len(raw) < want else f"{len(raw) - want} extra bytes"
-        raise DatasetError(f"{path}: {len(raw)} bytes, expected {want} for dimensions "
-                           f"{dims} ({problem})")
-    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims).copy()
+    want = header + math.prod(dims)
+    if gzipped and want > size * _GZIP_MAX_RATIO:
+        raise DatasetError(f"{path}: dimensions {dims} need {want} bytes, more than its {size} "
+                           f"gzipped bytes can hold (truncated?)")
+    if not gzipped and want > size:
+        raise DatasetError(f"{path}: {size} bytes, expected {want} for dimensions {dims} "
+                           f"(truncated?)")
+    data = f.read(want - header)
+    if len(data) < want - header:
+        raise DatasetError(f"{path}: {header + len(data)} bytes, expected {want} for dimensions "
+                           f"{dims} (truncated?)")
+    extra = len(f.read(1 << 20))
+    if extra:
+        raise DatasetError(f"{path}: expected {want} bytes for dimensions {dims}, got "
+                           f"{extra} extra bytes" + " or more" * (extra == 1 << 20))
+    return np.frombuffer(data, np.uint8).reshape(dims).copy()
 
 
 def load_idx(images_path: PathLike, labels_path: PathLike) -> Arrays:
@@ -397,6 +424,9 @@ def _load_idx_set(name: str, dirs: Sequence[Path], train: bool, download: bool) 
             raise DatasetError(f"{e}\n{help_}") from e
         found = find(dirs[0])
     images, labels = load_idx(*found)
+    if images.shape[2:] != (28, 28):
+        raise DatasetError(f"{found[0]}: expected images of 28 x 28 pixels, got "
+                           f"{images.shape[2]} x {images.shape[3]}")
     _check_labels(found[1], labels, len(DATASETS[name].classes))
     return images, labels
 

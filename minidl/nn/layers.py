@@ -31,6 +31,7 @@ output) instead of its input.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -101,6 +102,15 @@ def _pair(name: str, v) -> Tuple[int, int]:
     if isinstance(v, numbers.Integral) and not isinstance(v, bool):
         return v, v
     raise TypeError(f"{name} must be an int or an (h, w) pair of ints, got {v!r}")
+
+
+def _count(name: str, v, none_ok: bool = False):
+    """A positive int (or None where the input tells it)."""
+    if v is None and none_ok:
+        return None
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return int(v)
 
 
 def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
@@ -216,7 +226,8 @@ class Conv2d(Layer):
                  kernel_size=3, stride=1, padding=0, bias: bool = True,
                  weight_init: _init.Spec = "kaiming", bias_init: _init.Spec = 0.0):
         super().__init__()
-        self.in_channels, self.out_channels = in_channels, out_channels
+        self.in_channels = _count("in_channels", in_channels, none_ok=True)
+        self.out_channels = _count("out_channels", out_channels)
         self.kernel_size, self.stride, self.padding = (
             _pair("kernel_size", kernel_size), _pair("stride", stride), _pair("padding", padding))
         self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
@@ -507,6 +518,8 @@ class _Pool2d(Layer):
         super().__init__()
         self.kernel_size = _pair("kernel_size", kernel_size)
         self.stride = self.kernel_size if stride is None else _pair("stride", stride)
+        if not isinstance(ceil_mode, (bool, np.bool_)):
+            raise TypeError(f"ceil_mode must be a bool, got {ceil_mode!r}")
         self.padding, self.ceil_mode = _pair("padding", padding), bool(ceil_mode)
 
     def build(self, in_shapes):
@@ -602,7 +615,8 @@ class Linear(Layer):
                  bias: bool = True, weight_init: _init.Spec = "kaiming",
                  bias_init: _init.Spec = 0.0):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features = _count("in_features", in_features, none_ok=True)
+        self.out_features = _count("out_features", out_features)
         self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
 
     def build(self, in_shapes):
@@ -675,7 +689,7 @@ class Flatten(Layer):
         return (int(np.prod(in_shapes[0])),)
 
     def forward(self, xs, training, seed=0):
-        return xs[0].reshape(xs[0].shape[0], -1), xs[0].shape
+        return xs[0].reshape(xs[0].shape[0], math.prod(xs[0].shape[1:])), xs[0].shape
 
     def backward(self, dy, saved, need_dx=True):
         return [dy.reshape(saved)]
