@@ -25,6 +25,22 @@ __all__ = ["ops", "nn", "Net", "optim", "models", "get_include", "get_library_di
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _warn_about_ignored_settings() -> None:
+    """The C core ignores an environment setting it cannot read; say so."""
+    import warnings
+    for name, ok in (("MINIDL_SIMD", ("scalar", "avx2", "avx512")),
+                     ("MINIDL_CONV", ("auto", "gemm", "winograd")),
+                     ("MINIDL_NUM_THREADS", tuple(map(str, range(1, 4097))))):
+        value = os.environ.get(name)
+        if value and value not in ok:
+            hint = "an integer in [1, 4096]" if name == "MINIDL_NUM_THREADS" else " | ".join(ok)
+            warnings.warn(f"{name}={value!r} is ignored (expected {hint})", RuntimeWarning,
+                          stacklevel=3)
+
+
+_warn_about_ignored_settings()
+
+
 def get_include() -> str:
     """The directory holding ``minidl.h``."""
     return os.path.join(_HERE, "include")

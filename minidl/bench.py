@@ -142,9 +142,10 @@ def format_report(r: Dict) -> str:
              f"({r['simd']}), device {r['device']}, {'fused' if r['fused'] else 'unfused'}:",
              f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
              f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "
-             f"images/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+             f"images/s, peak RSS {r['peak_rss_mb']:.0f} MiB",
              f"  per step {r['bytes_moved'] / 2**20:.0f} MiB moved, "
-             f"{r['activation_bytes'] / 2**20:.1f} MiB kept for backward",
+             f"{r['activation_bytes'] / 2**20:.1f} MiB kept for backward, the plan's predicted "
+             f"peak {r['predicted_peak_mb']:.1f} MiB",
              *([f"  gradient exchange: {r['bytes_exchanged_per_step'] / 1e6:.2f} MB per rank "
                 f"per step, {r['comm_wait_ms_per_step']:.2f} ms waited per step"]
                if "ranks" in r else []),

@@ -32,18 +32,20 @@ def save(path, net: Net, optimizer: Optional[Optimizer], **meta: Any) -> None:
     safetensors.save(path, tensors, {k: json.dumps(v) for k, v in info.items()})
 
 
-def load(path) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], Dict[str, Any]]:
-    """(net state, optimizer state, metadata) of a checkpoint."""
-    tensors, raw = safetensors.load(path)
+def load(path, tensors: bool = True
+         ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], Dict[str, Any]]:
+    """(net state, optimizer state, metadata) of a checkpoint; tensors=False reads the
+    metadata alone (the states are then empty)."""
+    arrays, raw = safetensors.load(path, tensors=tensors)
     try:
         meta = {k: json.loads(v) for k, v in raw.items()}
-    except ValueError as e:
-        raise safetensors.SafetensorsError(f"{path}: metadata is not minidl's ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise safetensors.SafetensorsError(f"{path}: metadata is not minidl's ({e!r})") from None
     if meta.get("minidl") != FORMAT or "model" not in meta:
         raise safetensors.SafetensorsError(
             f"{path}: not a minidl checkpoint (format {meta.get('minidl')!r})")
-    net_state = {k: v for k, v in tensors.items() if not k.startswith(_OPT)}
-    opt_state = {k[len(_OPT):]: v for k, v in tensors.items() if k.startswith(_OPT)}
+    net_state = {k: v for k, v in arrays.items() if not k.startswith(_OPT)}
+    opt_state = {k[len(_OPT):]: v for k, v in arrays.items() if k.startswith(_OPT)}
     return net_state, opt_state, meta
 
 
@@ -51,6 +53,18 @@ def load_net(path) -> Tuple[Net, Dict[str, Any]]:
     """The net a checkpoint holds (built from models/ by name), with its weights."""
     from minidl import models
     state, _, meta = load(path)
-    net = models.build(meta["model"], meta["input_shape"], meta["num_classes"], seed=None)
+    shape, classes = meta.get("input_shape"), meta.get("num_classes")
+    if not (isinstance(meta["model"], str) and isinstance(shape, list) and shape
+            and all(_is_count(d) for d in shape) and _is_count(classes)
+            # the classifier's weights hold at least one value per class
+            and classes <= max((v.size for v in state.values()), default=0)):
+        raise safetensors.SafetensorsError(
+            f"{path}: metadata model {meta['model']!r}, input_shape {shape!r}, num_classes "
+            f"{classes!r} do not describe a net of these tensors")
+    net = models.build(meta["model"], shape, classes, seed=None)
     net.load_state_dict(state)
     return net, meta
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1

@@ -26,17 +26,20 @@ THREADS_HELP = ("kernel threads (default, or 0: $MINIDL_NUM_THREADS, else the co
 def _train_parser(sub):
     p = sub.add_parser("train", help="train a model", description="Train a model; options "
                        "left out come from the model's recipe (see `minidl models`).")
-    p.add_argument("--model", default="cifar10_quick")
+    p.add_argument("--model", help="default: cifar10_quick")
     p.add_argument("--dataset", choices=["cifar10", "fashion-mnist", "mnist"])
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"])
     p.add_argument("--lr", type=float)
     p.add_argument("--momentum", type=float)
-    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--nesterov", action="store_true", default=None)
     p.add_argument("--weight-decay", type=float)
-    p.add_argument("--lr-schedule", choices=["step", "cosine", "constant"])
-    p.add_argument("--warmup-epochs", type=float)
+    p.add_argument("--lr-schedule", choices=["step", "cosine", "constant"],
+                   help="step: the rate times 0.1 at 50%% and at 75%% of the run; cosine: "
+                   "down to 0 along a half cosine; constant")
+    p.add_argument("--warmup-epochs", type=float, help="the schedule's rate scaled by a "
+                   "linear ramp up to 1 over these first epochs")
     p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop + flip (default: the recipe's, else on for CIFAR-10)")
     p.add_argument("--data", help="data root (default: $MINIDL_DATA, else ~/.cache/minidl)")
@@ -44,30 +47,32 @@ def _train_parser(sub):
                    help="never fetch a missing data set")
     p.add_argument("--threads", type=int, help=THREADS_HELP.format(
         "; with several ranks, the host's cores divided among them"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="default: 0")
     p.add_argument("--out", help="output directory (default: runs/MODEL)")
-    p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint")
+    p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint, with its "
+                   "settings (options that change the run's course may not differ; "
+                   "--epochs may, to extend it)")
     p.add_argument("--limit-train", type=int, help="use only the first N training images")
     p.add_argument("--limit-test", type=int, help="use only the first N test images")
     p.add_argument("--plot", action="store_true", help="write curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     _device_options(p)
     _nproc_argument(p)
-    p.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all "
-                   "ranks' batches (default: per rank)")
-    _fuse_argument(p)
+    p.add_argument("--sync-bn", action="store_true", default=None, help="BatchNorm "
+                   "statistics over all ranks' batches (default: per rank)")
+    _fuse_argument(p, None)
     p.set_defaults(run=_train)
 
 
-def _fuse_argument(p):
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+def _fuse_argument(p, default=True):
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=default,
                    help="fuse Conv+BatchNorm+ReLU in training (the plan's pass `fusion`; "
                         "default: on)")
 
 
 def _nproc_argument(p):
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine, started "
-                   "with mpiexec (--batch-size is the global batch; needs minidl[mpi])")
+                   "with mpiexec (--batch-size is the global batch; needs mpi4py)")
     p.add_argument("--grad-exchange", choices=["host", "device"], default="host",
                    help="reduce gradients from host buffers (works everywhere) or in device "
                    "memory (a CUDA-aware MPI on GPUs; sim's memory on sim)")
@@ -97,7 +102,7 @@ def _eval(a):
     net, meta = checkpoint.load_net(a.checkpoint)
     cfg = TrainConfig(**{**meta["config"], "data": a.data or meta["config"].get("data"),
                          "dataset": a.dataset or meta["config"]["dataset"],
-                         "limit_test": a.limit_test})
+                         "limit_test": a.limit_test, "download": a.download})
     test_loader = make_loader(cfg.resolved(), train=False)
     r = evaluate(Executor(net, batch_size=test_loader.batch_size), test_loader)
     print(f"{meta['model']} after {meta['epoch']} epochs on {cfg.dataset}: test accuracy "
@@ -166,6 +171,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--data")
     e.add_argument("--threads", type=int, help=THREADS_HELP.format(""))
     e.add_argument("--limit-test", type=int)
+    e.add_argument("--no-download", dest="download", action="store_false",
+                   help="never fetch a missing data set")
     e.set_defaults(run=_eval)
     b = sub.add_parser("bench", help="time training steps and inference on random data")
     b.add_argument("--model", default="cifar10_quick")
@@ -220,8 +227,9 @@ def _launch(nproc: int, argv) -> int:
     import subprocess
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
-    if mpiexec is None:
-        print("minidl: error: --nproc needs MPI (mpiexec and mpi4py): "
-              "pip install 'minidl[mpi]'", file=sys.stderr)
+    import importlib.util
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        print("minidl: error: --nproc needs MPI (mpiexec and mpi4py): pip install mpi4py mpich, "
+              "or pip install '.[mpi]' in minidl's source tree", file=sys.stderr)
         return 1
     return subprocess.call([mpiexec, "-n", str(nproc), sys.executable, "-m", "minidl", *argv])

@@ -6,7 +6,7 @@ function here is a no-op, so the training loop never branches on it:
 
 - ``init()`` returns a ``Comm``: the MPI world when the process was started by an
   MPI launcher with more than one rank, else a single-process stand-in.  mpi4py is
-  imported only in the first case (``pip install minidl[mpi]``).
+  imported only in the first case (``pip install mpi4py mpich``).
 - ``Comm.broadcast(arrays)`` copies rank 0's arrays to every rank (initial
   parameters and buffers).
 - ``GradientReducer`` sums the gradients across ranks in buckets: a bucket's
@@ -114,7 +114,7 @@ class MPIComm(Comm):
             from mpi4py import MPI
         except ImportError:
             raise RuntimeError("this process was started by an MPI launcher but mpi4py is "
-                               "missing: pip install 'minidl[mpi]'") from None
+                               "missing: pip install mpi4py mpich") from None
         self.MPI = MPI
         self.world = MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()

@@ -32,15 +32,16 @@ from minidl.runtime import Executor
 
 @dataclass
 class TrainConfig:
-    """None means the model's own recipe (models/<name>.py TRAIN)."""
-    model: str = "cifar10_quick"
+    """None means the model's own recipe (models/<name>.py TRAIN), else the default
+    noted; resuming, the checkpoint's setting."""
+    model: Optional[str] = None  # cifar10_quick
     dataset: Optional[str] = None
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
     optimizer: Optional[str] = None
     lr: Optional[float] = None
     momentum: Optional[float] = None
-    nesterov: bool = False
+    nesterov: Optional[bool] = None  # False
     weight_decay: Optional[float] = None
     lr_schedule: Optional[str] = None
     warmup_epochs: Optional[float] = None
@@ -48,7 +49,7 @@ class TrainConfig:
     data: Optional[str] = None
     download: bool = True  # fetch a missing data set (when the network allows)
     threads: Optional[int] = None
-    seed: int = 0
+    seed: Optional[int] = None  # 0
     out: Optional[str] = None
     resume: Optional[str] = None
     limit_train: Optional[int] = None
@@ -59,22 +60,53 @@ class TrainConfig:
     sim_memory: Optional[str] = None   # the sim device's budget, e.g. "512MB"
     gpu_memory: Optional[str] = None   # a cap on the GPU's memory, e.g. "4GiB"
     nproc: Optional[int] = None  # ranks of a data-parallel job (checked against MPI's)
-    sync_bn: bool = False  # BatchNorm statistics over all ranks' batches
+    sync_bn: Optional[bool] = None  # BatchNorm statistics over all ranks' batches (False)
     grad_exchange: str = "host"  # gradients reduced from host buffers or in device memory
-    fuse: bool = True  # Conv+BatchNorm+ReLU fused (the plan's pass `fusion`)
+    fuse: Optional[bool] = None  # Conv+BatchNorm+ReLU fused (the plan's pass `fusion`; True)
 
     def resolved(self) -> "TrainConfig":
-        """A copy with every None filled in from the model's recipe."""
-        recipe = models.info(self.model)["train"]
+        """A copy with every None filled in from the model's recipe and the defaults."""
         values = asdict(self)
+        for name, default in _DEFAULTS.items():
+            if values[name] is None:
+                values[name] = default
+        recipe = models.info(values["model"])["train"]
         for f in fields(self):
             if values[f.name] is None and f.name in recipe:
                 values[f.name] = recipe[f.name]
         if values["augment"] is None:
             values["augment"] = values["dataset"] == "cifar10"
         if values["out"] is None:
-            values["out"] = os.path.join("runs", self.model)
+            values["out"] = os.path.join("runs", values["model"])
         return TrainConfig(**values)
+
+    def resumed(self) -> "TrainConfig":
+        """A copy whose settings that decide the run's course (_RESUMED) come from the
+        checkpoint of `resume` where they are None, and a setting given that differs
+        from the checkpoint's is an error; _RESUMED_UNLESS_GIVEN ones may differ (a
+        run may be extended, its data moved)."""
+        meta = checkpoint.load(self.resume, tensors=False)[2]
+        saved, values = meta.get("config"), asdict(self)
+        saved = saved if isinstance(saved, dict) else {}
+        differ = []
+        for name in _RESUMED + _RESUMED_UNLESS_GIVEN:
+            if values[name] is None:
+                values[name] = saved.get(name)
+            elif name in _RESUMED and name in saved and values[name] != saved[name]:
+                differ.append(f"{name} {values[name]!r} (the checkpoint's: {saved[name]!r})")
+        if differ:
+            raise ValueError(f"{self.resume} was trained with other settings: "
+                             f"{'; '.join(differ)}; leave these options out to resume it")
+        return TrainConfig(**values)
+
+
+_DEFAULTS = {"model": "cifar10_quick", "nesterov": False, "seed": 0, "sync_bn": False,
+             "fuse": True}
+# what a run's course depends on: resuming, the checkpoint's unless given
+_RESUMED = ("model", "dataset", "batch_size", "optimizer", "lr", "momentum", "nesterov",
+            "weight_decay", "lr_schedule", "warmup_epochs", "augment", "seed", "limit_train",
+            "sync_bn", "fuse")
+_RESUMED_UNLESS_GIVEN = ("epochs", "limit_test", "data")
 
 
 def _check(cfg: TrainConfig) -> None:
@@ -144,8 +176,10 @@ def train(config: TrainConfig, log=print) -> Dict:
     Started as several MPI ranks, each trains on its part of every global batch of
     config.batch_size and the ranks' gradients are summed into that of the global
     batch (minidl.distributed); rank 0 alone logs and writes files."""
-    cfg = config.resolved()
+    cfg = (config.resumed() if config.resume else config).resolved()
     _check(cfg)
+    if cfg.plot:
+        _matplotlib()  # fails before the run, not after it
     comm = distributed.init()
     _check_ranks(cfg, comm)
     if comm.rank != 0:
@@ -187,8 +221,6 @@ def train(config: TrainConfig, log=print) -> Dict:
     start_epoch, history = 0, []
     if cfg.resume:
         net_state, opt_state, meta = checkpoint.load(cfg.resume)
-        if meta["model"] != cfg.model:
-            raise ValueError(f"{cfg.resume} holds a {meta['model']!r} net, not {cfg.model!r}")
         net.load_state_dict(net_state)
         opt.load_state_dict(opt_state)
         start_epoch = int(meta["epoch"])
@@ -202,7 +234,8 @@ def train(config: TrainConfig, log=print) -> Dict:
              f"{'over all ranks' if cfg.sync_bn else 'per rank'})" if comm.size > 1 else "")
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
         f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
-        f"batch {cfg.batch_size}, {cfg.epochs} epochs, {minidl.get_num_threads()} threads"
+        f"batch {cfg.batch_size}, {_count(cfg.epochs, 'epoch')}, "
+        f"{_count(minidl.get_num_threads(), 'thread')}"
         f"{' per rank' if comm.size > 1 else ''}, device {device.name}{ranks}")
     if comm.size > 1:  # so that a launcher's report of a dead process id names its rank
         where = comm.allgather(f"{os.getpid()}@{socket.gethostname()}:{device.name}")
@@ -232,6 +265,10 @@ def train(config: TrainConfig, log=print) -> Dict:
         plot(history, out / "curves.png")
     comm.barrier()  # the checkpoint is complete before any rank returns
     return summary
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -304,14 +341,20 @@ def summarize(cfg: TrainConfig, history) -> Dict:
             "wall_s": history[-1]["wall_s"], "images_per_s": total_images / train_s}
 
 
-def plot(history, path) -> None:
-    """Loss and accuracy curves per epoch as a PNG (needs matplotlib: minidl[plot])."""
+def _matplotlib():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install 'minidl[plot]'") from None
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or minidl's "
+                           "extra: pip install '.[plot]' in its source tree)") from None
+    return plt
+
+
+def plot(history, path) -> None:
+    """Loss and accuracy curves per epoch as a PNG (needs matplotlib)."""
+    plt = _matplotlib()
     ep = [r["epoch"] for r in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(ep, [r["train_loss"] for r in history], "o-", label="train")

@@ -87,6 +87,18 @@ def test_environment_variables(env, expect):
     assert expect in out, out
 
 
+def test_environment_values_the_core_ignores_are_warned_about():
+    env = {"MINIDL_SIMD": "AVX2", "MINIDL_CONV": "fft", "MINIDL_NUM_THREADS": "0"}
+    code = "import minidl; print(minidl.get_num_threads() > 0, minidl.get_conv_algo())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, **env}, cwd=os.path.dirname(HERE))
+    assert r.stdout.split() == ["True", "auto"]
+    for line in ("MINIDL_SIMD='AVX2' is ignored (expected scalar | avx2 | avx512)",
+                 "MINIDL_CONV='fft' is ignored (expected auto | gemm | winograd)",
+                 "MINIDL_NUM_THREADS='0' is ignored (expected an integer in [1, 4096])"):
+        assert line in r.stderr, r.stderr
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_makefile_and_setup_compile_alike():
     """setup.py and the Makefile compile the C core and the CUDA kernels into the same

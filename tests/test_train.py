@@ -83,6 +83,16 @@ def test_training_learns_and_writes_metrics_and_checkpoint(mnist_root, tmp_path)
     assert "optimizer.momentum_buffer.conv1.weight" in tensors and "conv1.weight" in tensors
 
 
+@pytest.mark.parametrize("meta", [dict(input_shape=None), dict(input_shape=[1, 0, 28]),
+                                  dict(model=["lenet"]), dict(num_classes=True),
+                                  dict(num_classes=10 ** 9), dict(num_classes=-1)])
+def test_load_net_refuses_metadata_that_does_not_describe_the_tensors(tmp_path, meta):
+    path = tmp_path / "c.safetensors"
+    checkpoint.save(path, models.build("lenet", seed=0), None, **meta)
+    with pytest.raises(safetensors.SafetensorsError, match="do not describe a net"):
+        checkpoint.load_net(path)
+
+
 def test_resume_ends_where_an_uninterrupted_run_ends(cifar_root, tmp_path, monkeypatch):
     """BatchNorm, momentum, a cosine schedule with warm-up, shuffling and crop + flip:
     3 epochs in one go equal 1 epoch, a crash, and a resume, bit for bit."""
@@ -116,12 +126,26 @@ def test_resume_ends_where_an_uninterrupted_run_ends(cifar_root, tmp_path, monke
     assert [r["epoch"] for r in rows] == [1, 2, 3]
 
 
-def test_resume_refuses_another_model(mnist_root, tmp_path):
+def test_resume_takes_the_checkpoints_settings_and_refuses_others(mnist_root, tmp_path):
     out = tmp_path / "run"
-    train(lenet_config(mnist_root, out, epochs=1), log=lambda *a: None)
-    with pytest.raises(ValueError, match="holds a 'lenet' net, not 'resnet20'"):
-        train(lenet_config(mnist_root, tmp_path / "b", model="resnet20",
-                           resume=str(out / "checkpoint.safetensors")), log=lambda *a: None)
+    ckpt = str(out / "checkpoint.safetensors")
+    train(lenet_config(mnist_root, out, epochs=1, seed=3, limit_train=96, lr_schedule="cosine"),
+          log=lambda *a: None)
+    first = checkpoint.load(ckpt)[2]["config"]
+    # only where the data is and the epochs: the rest is the checkpoint's
+    train(TrainConfig(resume=ckpt, epochs=2, data=str(mnist_root), out=str(out), progress=False,
+                      download=False), log=lambda *a: None)
+    meta = checkpoint.load(ckpt)[2]
+    assert meta["epoch"] == 2
+    assert {k: v for k, v in meta["config"].items() if k not in ("epochs", "resume")} == \
+        {k: v for k, v in first.items() if k not in ("epochs", "resume")}
+    for kw, match in ((dict(model="resnet20"), "model 'resnet20' \\(the checkpoint's: 'lenet'\\)"),
+                      (dict(batch_size=64, lr=0.5), "batch_size 64 .*; lr 0.5 \\(the checkpoint's: 0.01\\)"),
+                      (dict(seed=0), "seed 0 \\(the checkpoint's: 3\\)"),
+                      (dict(fuse=False), "fuse False")):
+        with pytest.raises(ValueError, match=f"{ckpt} was trained with other settings: {match}"):
+            train(TrainConfig(resume=ckpt, data=str(mnist_root), out=str(tmp_path / "b"),
+                              progress=False, download=False, **kw), log=lambda *a: None)
 
 
 def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
@@ -137,6 +161,13 @@ def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
                       (dict(model="nope"), "unknown model 'nope'")):
         with pytest.raises(ValueError, match=match):
             train(lenet_config(mnist_root, tmp_path / "x", **kw), log=lambda *a: None)
+
+
+def test_plot_without_matplotlib_fails_before_training(mnist_root, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    with pytest.raises(RuntimeError, match="--plot needs matplotlib: pip install matplotlib"):
+        train(lenet_config(mnist_root, tmp_path / "x", plot=True), log=lambda *a: None)
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_diverging_run_stops_with_advice(mnist_root, tmp_path):

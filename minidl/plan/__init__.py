@@ -113,27 +113,27 @@ class Plan:
         return json.dumps(self.to_dict(), **kw)
 
     def __str__(self) -> str:
-        mb = 1 / 2**20
+        mib = 1 / 2**20
         head = (f"plan for {self.net!r}, batch {self.batch_size}, device {self.device}, "
                 f"{self.slices} slice(s), passes: {', '.join(self.passes) or 'none'}")
-        rows = [f"{'#':>3} {'node':<22} {'layer':<16} {'output shape':<20} {'params MB':>9} "
-                f"{'output MB':>9} {'kept':<14} {'GFLOP':>7} {'MB moved':>8}  fused"]
+        rows = [f"{'#':>3} {'node':<22} {'layer':<16} {'output shape':<20} {'params MiB':>10} "
+                f"{'output MiB':>10} {'kept':<14} {'GFLOP':>7} {'MiB moved':>9}  fused"]
         for i, s in enumerate(self.steps):
             rows.append(f"{i:>3} {s.name:<22} {s.kind:<16} {str(tuple(s.shape)):<20} "
-                        f"{s.param_bytes * mb:>9.3f} {s.output_bytes * mb:>9.2f} "
+                        f"{s.param_bytes * mib:>10.3f} {s.output_bytes * mib:>10.2f} "
                         f"{','.join(s.kept) or '-':<14.14} {s.flops / 1e9:>7.3f} "
-                        f"{(s.bytes_forward + s.bytes_backward) * mb:>8.1f}  "
+                        f"{(s.bytes_forward + s.bytes_backward) * mib:>9.1f}  "
                         f"{','.join(s.fused) or '-'}")
         m = self.memory
-        foot = [f"parameters {m['params'] * mb:.2f} MB, buffers {m['buffers'] * mb:.2f} MB, "
-                f"gradients {m['grads'] * mb:.2f} MB, optimizer state "
-                f"{m['optimizer'] * mb:.2f} MB",
-                f"activations kept for backward {m['kept_activations'] * mb:.2f} MB, "
-                f"activation peak {m['activation_peak'] * mb:.2f} MB, step peak (with the "
-                f"gradients) {m['step_peak'] * mb:.2f} MB",
-                f"predicted peak {m['peak'] * mb:.2f} MB; forward {self.flops() / 1e9:.2f} GFLOP, "
+        foot = [f"parameters {m['params'] * mib:.2f} MiB, buffers {m['buffers'] * mib:.2f} MiB, "
+                f"gradients {m['grads'] * mib:.2f} MiB, optimizer state "
+                f"{m['optimizer'] * mib:.2f} MiB",
+                f"activations kept for backward {m['kept_activations'] * mib:.2f} MiB, "
+                f"activation peak {m['activation_peak'] * mib:.2f} MiB, step peak (with the "
+                f"gradients) {m['step_peak'] * mib:.2f} MiB",
+                f"predicted peak {m['peak'] * mib:.2f} MiB; forward {self.flops() / 1e9:.2f} GFLOP, "
                 f"training step about {3 * self.flops() / 1e9:.2f} GFLOP, "
-                f"{self.bytes_moved() * mb:.1f} MB moved"]
+                f"{self.bytes_moved() * mib:.1f} MiB moved"]
         return "\n".join([head] + rows + foot)
 
     def flops(self) -> int:
