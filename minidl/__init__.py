@@ -27,14 +27,16 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _warn_about_ignored_settings() -> None:
     """The C core ignores an environment setting it cannot read; say so."""
+    import re
     import warnings
-    for name, ok in (("MINIDL_SIMD", ("scalar", "avx2", "avx512")),
-                     ("MINIDL_CONV", ("auto", "gemm", "winograd")),
-                     ("MINIDL_NUM_THREADS", tuple(map(str, range(1, 4097))))):
+    for name, expected, ok in (
+            ("MINIDL_SIMD", "scalar | avx2 | avx512", lambda v: v in ("scalar", "avx2", "avx512")),
+            ("MINIDL_CONV", "auto | gemm | winograd", lambda v: v in ("auto", "gemm", "winograd")),
+            ("MINIDL_NUM_THREADS", "an integer in [1, 4096]",  # as strtol reads it
+             lambda v: re.fullmatch(r"\s*[+-]?\d+", v) is not None and 1 <= int(v) <= 4096)):
         value = os.environ.get(name)
-        if value and value not in ok:
-            hint = "an integer in [1, 4096]" if name == "MINIDL_NUM_THREADS" else " | ".join(ok)
-            warnings.warn(f"{name}={value!r} is ignored (expected {hint})", RuntimeWarning,
+        if value and not ok(value):
+            warnings.warn(f"{name}={value!r} is ignored (expected {expected})", RuntimeWarning,
                           stacklevel=3)
 
 

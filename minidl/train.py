@@ -234,8 +234,8 @@ def train(config: TrainConfig, log=print) -> Dict:
              f"{'over all ranks' if cfg.sync_bn else 'per rank'})" if comm.size > 1 else "")
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "
         f"{len(train_loader.labels):,} train / {len(test_loader.labels):,} test images, "
-        f"batch {cfg.batch_size}, {_count(cfg.epochs, 'epoch')}, "
-        f"{_count(minidl.get_num_threads(), 'thread')}"
+        f"batch {cfg.batch_size}, {_plural(cfg.epochs, 'epoch')}, "
+        f"{_plural(minidl.get_num_threads(), 'thread')}"
         f"{' per rank' if comm.size > 1 else ''}, device {device.name}{ranks}")
     if comm.size > 1:  # so that a launcher's report of a dead process id names its rank
         where = comm.allgather(f"{os.getpid()}@{socket.gethostname()}:{device.name}")
@@ -267,7 +267,7 @@ def train(config: TrainConfig, log=print) -> Dict:
     return summary
 
 
-def _count(n: int, noun: str) -> str:
+def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import math
 import http.client
+import math
 import os
 import pickle
 import shutil
