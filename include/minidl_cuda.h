@@ -40,7 +40,7 @@
  *  - Gradients of inputs are overwritten; gradients of parameters are
  *    overwritten (accumulate 0) or added to (accumulate 1), as in minidl.h.
  *  - Sizes are int64_t.  The GEMM-based kernels (SGEMM, convolution, linear)
- *    need every GEMM dimension below 2^31 (MDL_ERR_UNSUPPORTED otherwise).
+ *    need every GEMM dimension below 2^30 (MDL_ERR_UNSUPPORTED otherwise).
  *  - The device is the calling thread's current CUDA device; the library
  *    uses the CUDA runtime (linked statically into libminidl_cuda), which
  *    works in the device's primary context, so a program using the driver

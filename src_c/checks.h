@@ -138,6 +138,31 @@ static inline mdl_status mdl_pool2d_check_shape(const char *fn, const mdl_pool2d
     return MDL_OK;
 }
 
+/* ---- SGEMM ------------------------------------------------------------------------- */
+
+/* A product whose operands hold 2^60 elements or more (the limit of the convolutions'
+ * tensors): more than any memory, and its sizes and offsets would overflow int64 */
+static inline int mdl_sgemm_too_large(int64_t m, int64_t n, int64_t k)
+{
+    return (double)m * k > MDL_CONV_COUNT_LIMIT || (double)k * n > MDL_CONV_COUNT_LIMIT ||
+           (double)m * n > MDL_CONV_COUNT_LIMIT;
+}
+
+/* That, and no operand spanning 2^60 elements with its leading dimension. */
+static inline mdl_status mdl_sgemm_check_span(const char *fn, int trans_a, int trans_b,
+                                              int64_t m, int64_t n, int64_t k, int64_t lda,
+                                              int64_t ldb, int64_t ldc)
+{
+    const int64_t a_rows = trans_a ? k : m, b_rows = trans_b ? n : k;
+    MDL_CHECK(!mdl_sgemm_too_large(m, n, k) && (double)a_rows * lda <= MDL_CONV_COUNT_LIMIT &&
+                  (double)b_rows * ldb <= MDL_CONV_COUNT_LIMIT &&
+                  (double)m * ldc <= MDL_CONV_COUNT_LIMIT,
+              "%s: shape too large: m = %lld, n = %lld, k = %lld, lda = %lld, ldb = %lld, "
+              "ldc = %lld (no operand may span 2^60 elements)", fn, (long long)m, (long long)n,
+              (long long)k, (long long)lda, (long long)ldb, (long long)ldc);
+    return MDL_OK;
+}
+
 /* ---- optimizers -------------------------------------------------------------------- */
 
 /* The arguments of an SGD step (the pointers only when count > 0). */

@@ -1,6 +1,7 @@
 /* gemm.c -- SGEMM: argument checks, dispatch, and the scalar reference.
  * C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major. */
 #include "common.h"
+#include "checks.h"
 #include "gemm.h"
 
 /* Scalar reference over rows [i0, i1) of C; overwrites (beta == 0) or scales C. */
@@ -23,20 +24,12 @@ void mdl_sgemm_scalar(int trans_a, int trans_b, int64_t i0, int64_t i1, int64_t 
     }
 }
 
-/* No operand, with its leading dimension, spans 2^60 elements: more than any memory,
- * and the drivers' sizes and offsets stay within int64 */
-#define SPAN_LIMIT 1152921504606846976.0
-static int too_large(int64_t m, int64_t n, int64_t k)
-{
-    return (double)m * k > SPAN_LIMIT || (double)k * n > SPAN_LIMIT || (double)m * n > SPAN_LIMIT;
-}
-
 /* Enough for either SIMD kernel, so a workspace sized once fits whatever level is
  * selected later. */
 size_t mdl_sgemm_workspace_size(int64_t m, int64_t n, int64_t k)
 {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
-    if (too_large(m, n, k)) return SIZE_MAX;
+    if (mdl_sgemm_too_large(m, n, k)) return SIZE_MAX;
     size_t f2 = mdl_sgemm_avx2_workspace_floats(m, n, k);
     size_t f5 = mdl_sgemm_avx512_workspace_floats(m, n, k);
     return (f2 > f5 ? f2 : f5) * sizeof(float) + MDL_WS_SLACK;
@@ -56,12 +49,8 @@ mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, 
               "mdl_sgemm: ldb must be >= %lld, got %lld", (long long)b_cols, (long long)ldb);
     MDL_CHECK(ldc >= (n > 1 ? n : 1),
               "mdl_sgemm: ldc must be >= %lld, got %lld", (long long)n, (long long)ldc);
-    const int64_t a_rows = trans_a ? k : m, b_rows = trans_b ? n : k;
-    MDL_CHECK(!too_large(m, n, k) && (double)a_rows * lda <= SPAN_LIMIT &&
-                  (double)b_rows * ldb <= SPAN_LIMIT && (double)m * ldc <= SPAN_LIMIT,
-              "mdl_sgemm: shape too large: m = %lld, n = %lld, k = %lld, lda = %lld, ldb = %lld, "
-              "ldc = %lld (no operand may span 2^60 elements)", (long long)m, (long long)n,
-              (long long)k, (long long)lda, (long long)ldb, (long long)ldc);
+    mdl_status st = mdl_sgemm_check_span("mdl_sgemm", trans_a, trans_b, m, n, k, lda, ldb, ldc);
+    if (st != MDL_OK) return st;
     if (m == 0 || n == 0) return MDL_OK;
     MDL_CHECK_PTR(c);
     if (k > 0) {

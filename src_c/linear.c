@@ -4,6 +4,7 @@
  *   backward_data     dx (n, in) = dy (n, out) @ w            (overwrites dx)
  *   backward_weights  dw (out, in) = or += dy^T @ x; db (out) = or += column sums of dy */
 #include "common.h"
+#include "checks.h"
 
 static int64_t at_least_1(int64_t v) { return v > 1 ? v : 1; }
 
@@ -24,6 +25,9 @@ static mdl_status check_common(const char *fn, int64_t n, int64_t in, int64_t ou
     MDL_CHECK(n >= 0, "%s: n must be >= 0, got %lld", fn, (long long)n);
     MDL_CHECK(in >= 0, "%s: in must be >= 0, got %lld", fn, (long long)in);
     MDL_CHECK(out >= 0, "%s: out must be >= 0, got %lld", fn, (long long)out);
+    MDL_CHECK(!mdl_sgemm_too_large(n, in, out), "%s: shape too large: n = %lld, in = %lld, "
+              "out = %lld (no operand may hold 2^60 elements)", fn, (long long)n, (long long)in,
+              (long long)out);
     if (workspace != NULL) {
         size_t need = mdl_linear_workspace_size(n, in, out);
         if (workspace_bytes < need)

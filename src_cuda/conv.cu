@@ -45,14 +45,15 @@ mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom *g)
     const int64_t Kt = s->c_out * s->kh * s->kw; /* backward_data's k */
     if (s->h + 2 * s->pad_h >= L || s->w + 2 * s->pad_w >= L || K >= L || Kt >= L ||
         s->c_in >= L || s->c_out >= L || s->n * P >= L || s->n * s->h * s->w >= L ||
-        s->c_in * s->h * s->w >= L ||
+        s->c_in * s->h * s->w >= L || (s->h + 2 * s->pad_h) * s->w >= L ||
         !mdl::gemm_grid_ok(s->c_out, s->n * P) || !mdl::gemm_grid_ok(s->c_in, s->n * s->h * s->w) ||
         !mdl::gemm_grid_ok(s->c_out, K))
         return mdl_cuda_error(MDL_ERR_UNSUPPORTED,
                               "%s: shape too large for the CUDA kernels: c_in*kh*kw = %lld, "
                               "c_out*kh*kw = %lld, n*h_out*w_out = %lld, n*h*w = %lld, "
-                              "c_in*h*w = %lld, padded h, w = %lld, %lld (each must be below "
-                              "2^30)", fn, (long long)K, (long long)Kt, (long long)(s->n * P),
+                              "c_in*h*w = %lld, padded h, w = %lld, %lld (each, and padded "
+                              "h * w, must be below 2^30, and the products' grids within "
+                              "CUDA's limits)", fn, (long long)K, (long long)Kt, (long long)(s->n * P),
                               (long long)(s->n * s->h * s->w), (long long)(s->c_in * s->h * s->w),
                               (long long)(s->h + 2 * s->pad_h), (long long)(s->w + 2 * s->pad_w));
     *g = {(int)s->n, (int)s->c_in, (int)s->h, (int)s->w, (int)s->c_out, (int)s->kh, (int)s->kw,
@@ -407,9 +408,9 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     mdl_status st = geometry(fn, s, &g);
     if (st != MDL_OK) return st;
     MDL_CHECK_AFFINE(fn, in, "in");
-    MDL_CHECK_PTR(x); /* the messages name "forward", as src_c/conv.c's do */
-    MDL_CHECK_PTR(w);
-    MDL_CHECK_PTR(y);
+    MDL_CHECK_PTR_FN(fn, x);
+    MDL_CHECK_PTR_FN(fn, w);
+    MDL_CHECK_PTR_FN(fn, y);
     if ((st = check_workspace(fn, g, workspace, workspace_bytes)) != MDL_OK) return st;
     /* the channel sums: in the kernel's epilogue, each tile's into the workspace, then
      * added up (conv_stats_reduce); without a workspace, a pass over y */

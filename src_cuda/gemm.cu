@@ -1,6 +1,7 @@
 /* gemm.cu -- SGEMM, C[m,n] = alpha * op(A) @ op(B) + beta * C, row-major, on the
  * tiled kernel of gemm.cuh; argument checks as in src_c/gemm.c. */
 #include "gemm.cuh"
+#include "../src_c/checks.h"
 
 size_t mdl_cuda_sgemm_workspace_size(int64_t m, int64_t n, int64_t k)
 {
@@ -41,6 +42,9 @@ mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
               "mdl_cuda_sgemm: ldb must be >= %lld, got %lld", (long long)b_cols, (long long)ldb);
     MDL_CHECK(ldc >= (n > 1 ? n : 1),
               "mdl_cuda_sgemm: ldc must be >= %lld, got %lld", (long long)n, (long long)ldc);
+    mdl_status st = mdl_sgemm_check_span("mdl_cuda_sgemm", trans_a, trans_b, m, n, k, lda, ldb,
+                                         ldc);
+    if (st != MDL_OK) return st;
     if (m == 0 || n == 0) return MDL_OK;
     MDL_CHECK_PTR(c);
     if (k > 0) {
@@ -49,7 +53,8 @@ mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
     }
     if (m >= MDL_GEMM_LIMIT || n >= MDL_GEMM_LIMIT || k >= MDL_GEMM_LIMIT || !mdl::gemm_grid_ok(m, n))
         return mdl_cuda_error(MDL_ERR_UNSUPPORTED,
-                              "mdl_cuda_sgemm: m, n and k must be below 2^30, got %lld, %lld, %lld",
+                              "mdl_cuda_sgemm: m, n and k must be below 2^30 and the "
+                              "product's grid within CUDA's limits, got %lld, %lld, %lld",
                               (long long)m, (long long)n, (long long)k);
     mdl_cuda_gemm_run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, stream);
     return mdl_cuda_launched(__func__);

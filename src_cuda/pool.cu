@@ -170,7 +170,7 @@ __global__ void avg_pool_fwd(pool_geom g, const float *x, float *y)
         float sum = 0.0f;
         for (int ih = hs; ih < he; ih++)
             for (int iw = ws; iw < we; iw++) sum += xp[ih * g.w + iw];
-        y[o] = sum / (float)(hspan * wspan);
+        y[o] = sum / (float)((int64_t)hspan * wspan);
     }
 }
 
@@ -194,7 +194,7 @@ __global__ void avg_pool_bwd(pool_geom g, const float *dy, float *dx, const floa
             for (int ow = ow0; ow <= ow1; ow++) {
                 int wspan;
                 span(ow, g.sw, g.pw, g.kw, g.w, lo, hi, wspan);
-                acc += dyp[oh * g.wo + ow] / (float)(hspan * wspan);
+                acc += dyp[oh * g.wo + ow] / (float)((int64_t)hspan * wspan);
             }
         }
         dx[i] = relu_x && !(relu_x[i] > 0.0f) ? 0.0f : acc;

@@ -365,6 +365,19 @@ def test_avg_pool2d(gpu, rng, case):
     check(got, ops.avg_pool2d_backward(a, dy, **kw, relu=True), "reduction", "dx through a ReLU")
 
 
+@pytest.mark.parametrize("k", [65536, 65537])
+def test_avg_pool2d_divides_by_windows_over_2_to_the_32(gpu, rng, k):
+    """A window's size, padding counted, is a 64-bit product: one pixel under a k x k
+    window (2^32 wrapped to 0, and 65537^2 to 131073, in 32 bits)"""
+    shape, (ho, wo), kw = pool_case(1, 1, 1, 1, k, 1, k // 2, False)
+    x, dy = f32(rng, 1, 1, 1, 1), f32(rng, 1, 1, ho, wo)
+    py, pdx = gpu.empty((1, 1, ho, wo)), gpu.empty((1, 1, 1, 1))
+    run(cuda.avg_pool2d_forward, shape, gpu.up(x), py)
+    run(cuda.avg_pool2d_backward, shape, gpu.up(dy), pdx)
+    check(gpu.down(py, (1, 1, ho, wo)), ops.avg_pool2d(x, **kw), "reduction", "y")
+    check(gpu.down(pdx, (1, 1, 1, 1)), ops.avg_pool2d_backward(x, dy, **kw), "reduction", "dx")
+
+
 @pytest.mark.parametrize("n, c, h, w", [(1, 1, 1, 1), (2, 3, 8, 8), (5, 7, 3, 5), (128, 64, 8, 8),
                                         (1, 2, 100, 90)])
 def test_global_avg_pool2d(gpu, rng, n, c, h, w):

@@ -261,6 +261,9 @@ static void test_errors(void)
     st = mdl_sgemm(0, 0, 2, 2, 2, 1.0f, a, (int64_t)1 << 60, a, 2, 0.0f, c, 2, NULL, 0);
     EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "shape too large"), "sgemm lda = 2^60: '%s'",
            mdl_last_error());
+    st = mdl_linear_forward((int64_t)1 << 61, 1, 4, a, a, a, c, NULL, 0); /* bias: filled first */
+    EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "mdl_linear_forward: shape too large"),
+           "linear n = 2^61: '%s'", mdl_last_error());
     st = mdl_affine_add(big, big, 1, a, NULL, NULL, NULL, 0, c);
     EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "overflows"), "affine_add 2^80: '%s'",
            mdl_last_error());

@@ -77,6 +77,18 @@ int main(void)
     mdl_conv2d_shape huge_image = {1, 16384, 256, 256, 4, 1, 1, 1, 1, 0, 0};
     EXPECT_ERROR(mdl_cuda_conv2d_forward(&huge_image, p, p, NULL, p, NULL, 0, NULL),
                  MDL_ERR_UNSUPPORTED, "c_in*h*w = 1073741824");
+    /* ... and so is r * w for a kernel row r, with r up to the padded height */
+    mdl_conv2d_shape tall_pad = {1, 1, 1, 1 << 20, 1, 4097, 1, 1, 1 << 20, 2048, 0};
+    EXPECT_ERROR(mdl_cuda_conv2d_forward(&tall_pad, p, p, NULL, p, NULL, 0, NULL),
+                 MDL_ERR_UNSUPPORTED, "padded h * w, must be below 2^30");
+    EXPECT_ERROR(mdl_cuda_conv2d_forward(&cs, NULL, p, NULL, p, NULL, 0, NULL), MDL_ERR_ARG,
+                 "mdl_cuda_conv2d_forward: x must not be NULL");
+    /* the CPU's limits on an SGEMM's operands: 2^60 elements, leading dimensions included */
+    EXPECT_ERROR(mdl_cuda_sgemm(0, 0, 0, (int64_t)1 << 62, (int64_t)1 << 62, 1.0f, p,
+                                (int64_t)1 << 62, p, (int64_t)1 << 62, 0.0f, p, (int64_t)1 << 62,
+                                NULL, 0, NULL), MDL_ERR_ARG, "shape too large");
+    EXPECT_ERROR(mdl_cuda_sgemm(0, 0, 2, 1, 1, 1.0f, p, (int64_t)1 << 62, p, 1, 0.0f, p, 1, NULL,
+                                0, NULL), MDL_ERR_ARG, "no operand may span 2^60 elements");
 
     mdl_pool2d_shape ps = {1, 1, 5, 5, 3, 3, 2, 2, 0, 0, 1};
     EXPECT(mdl_cuda_pool2d_output_size(&ps, &ho, &wo) == MDL_OK && ho == 2 && wo == 2,
