@@ -23,7 +23,7 @@ import numpy as np
 
 import minidl
 from minidl import checkpoint, data, distributed, models
-from minidl.device import from_options
+from minidl.device import canonical_name, from_options
 from minidl.nn.layers import BatchNorm2d
 from minidl.optim import OPTIMIZERS, make_schedule
 from minidl.plan import make_plan
@@ -164,7 +164,11 @@ def make_loader(cfg: TrainConfig, train: bool, shard=(0, 1)):
     limit = cfg.limit_train if train else cfg.limit_test
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
-    return data.DataLoader(images, labels, cfg.batch_size if train else max(cfg.batch_size, 256),
+    # evaluation in batches of at least 256 on the cpu; on a device in the training batch,
+    # whose forward fits wherever its training step does
+    eval_batch = max(cfg.batch_size, 256) if canonical_name(cfg.device) == "cpu" \
+        else cfg.batch_size
+    return data.DataLoader(images, labels, cfg.batch_size if train else eval_batch,
                            shuffle=train, augment=train and cfg.augment, mean=info.mean,
                            std=info.std, seed=cfg.seed, shard=shard)
 

@@ -382,6 +382,38 @@ def test_plan_predicts_the_peak_with_identity_dropout(fuse, rng):
             (0, 0, 0, True), k
 
 
+def test_a_scaled_loss_gradient_stays_within_the_plan(rng):
+    """grad_scale (data-parallel training's 1 / ranks) on a device: the scaled copy of
+    dlogits is made after the unscaled one is freed, so a net whose step peaks at the
+    loss runs at the planned budget"""
+    net = minidl.Net((1, 2, 2), "wide")
+    net.add("flat", nn.Flatten())
+    net.add("fc", nn.Linear(out_features=20000))
+    dev = sim()
+    net.initialize(0).to(dev)
+    plan = make_plan(net, 64, device=dev, optimizer_slots=0)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    x, y = _r(rng, 64, 1, 2, 2), rng.integers(0, 20000, 64)
+    ex.train_step(x, y, grad_scale=0.5)
+    assert ex.peak_device_bytes == plan.memory["peak"]
+    dev.budget = plan.memory["peak"]
+    ex.train_step(x, y, grad_scale=0.5)
+
+
+def test_training_at_the_planned_budget_also_evaluates_within_it(tmp_path, rng):
+    """Evaluation on a device runs in the training batch, whose forward fits where its
+    training step fits (in batches of 256 it needed twice lenet's budget at batch 8,
+    and the run failed after its epoch)"""
+    root = write_idx(tmp_path / "data", rng)
+    peak = make_plan(models.build("lenet", seed=None), 8, device="sim").memory["peak"]
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", root,
+                   "--epochs", 1, "--limit-train", 64, "--batch-size", 8, "--no-progress",
+                   "--no-download", "--out", tmp_path / "run", "--device", "sim",
+                   "--sim-memory", peak) == 0
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["epoch"] == 1
+
+
 def _check_predicted_peaks(make, fuse, rng):
     x, y = _r(rng, 4, *make().input_shape), rng.integers(0, 3, 4)
     net = make().initialize(0)

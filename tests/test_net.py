@@ -207,8 +207,15 @@ def test_plan_is_printable_data():
     assert "layer3.2.conv2" in text and "predicted peak" in text
     with pytest.raises(KeyError, match="no step named"):
         plan.step("nope")
-    with pytest.raises(ValueError, match="batch_size"):
-        make_plan(models.build("lenet", seed=None), 0)
+    lenet = models.build("lenet", seed=None)
+    for kw, error, match in ((dict(batch_size=0), ValueError, "batch_size must be a positive int"),
+                             (dict(batch_size=True), ValueError, "batch_size"),
+                             (dict(optimizer_slots=-1), ValueError, "optimizer_slots must be an int >= 0"),
+                             (dict(optimizer_slots=2.5), ValueError, "optimizer_slots"),
+                             (dict(fuse="no"), TypeError, "fuse must be a bool, got 'no'")):
+        with pytest.raises(error, match=match):
+            make_plan(lenet, **{"batch_size": 4, **kw})
+    assert make_plan(lenet, np.int64(4), optimizer_slots=np.int64(2)).batch_size == 4
 
 
 def test_executor_checks_its_input(rng):
@@ -218,6 +225,9 @@ def test_executor_checks_its_input(rng):
         ex.predict(np.zeros((2, 3, 28, 28), np.float32))
     with pytest.raises(ValueError, match="does not match the layers"):
         Executor(net, make_plan(models.build("cifar10_quick", seed=None), 2))
+    with pytest.raises(ValueError, match="names, kinds and output shapes"):  # other inputs
+        Executor(models.build("resnet20", seed=0),
+                 make_plan(models.build("resnet20", (3, 8, 8), seed=None), 2))
 
 
 @pytest.mark.parametrize("name", ["lenet", "cifar10_quick", "resnet20"])

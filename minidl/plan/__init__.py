@@ -56,6 +56,7 @@ counted: the C kernels take them from the host, and on cuda they are extra.
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
@@ -321,13 +322,22 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     return 0, 0  # a kind it does not know
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
 def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
               device="cpu", fuse: bool = True) -> Plan:
     """The plan of net at batch_size on device (a name such as "sim" or "cuda:0", or
     a Device), with the fusion pass unless fuse is False; optimizer_slots is the
     number of parameter-sized arrays the optimizer keeps (SGD with momentum 1, Adam 2)."""
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not _is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not _is_int(optimizer_slots) or optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be an int >= 0, got {optimizer_slots!r}")
+    if not isinstance(fuse, (bool, np.bool_)):
+        raise TypeError(f"fuse must be a bool, got {fuse!r}")
+    batch_size, optimizer_slots = int(batch_size), int(optimizer_slots)
     device = device.name if isinstance(device, Device) else canonical_name(device)
     fused = fusion(net) if fuse else {}
     root = storage_of(net, fused)

@@ -11,8 +11,10 @@ activation and gradient there, computes the loss there and brings back only the
 loss and the logits.  Parameter gradients are made by backward where the
 parameters live; the previous step's are dropped when a step starts.  With a
 budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
-starts, so a failed step changes nothing but the dropped gradients; on the cpu,
-OutOfHostMemory where the host has less memory free than the step needs.
+starts, so a failed step changes nothing but the dropped gradients (unless a
+reconstructed BatchNorm keeps its input after all, RECONSTRUCT_MIN_GAMMA, which the
+plan does not count); on the cpu, OutOfHostMemory where the host has less memory
+free than the step needs.
 
 In training, steps the plan's fusion pass tagged run fused (Layer.forward_fused):
 a convolution's channel sums go to the BatchNorm that follows, and activations
@@ -105,9 +107,10 @@ class Executor:
         self.net = net
         self.device = dev = net.device if device is None else get_device(device)
         self.plan = plan if plan is not None else make_plan(net, batch_size, device=dev)
-        if [s.name for s in self.plan.steps] != [k for k, _ in net.layers()]:
+        if [(s.name, s.kind, tuple(s.shape[1:])) for s in self.plan.steps] != \
+                [(k, type(n.layer).__name__, n.shape) for k, n in net.layers()]:
             raise ValueError(f"plan for {self.plan.net!r} does not match the layers of net "
-                             f"{net.name!r}")
+                             f"{net.name!r} (their names, kinds and output shapes)")
         if self.plan.slices != 1:
             raise NotImplementedError(f"this executor runs plans of one slice, got "
                                       f"{self.plan.slices} slices")
@@ -160,8 +163,13 @@ class Executor:
         loss, dlogits = self.loss(logits, y)
         if self.track_memory:  # the logits, their gradient and the labels at once
             self._measure(list(ctx.values()), logits, dlogits, y)
-        if grad_scale != 1.0:
-            dlogits = self._scaled(dlogits, grad_scale)
+        if grad_scale != 1.0 and self.host:
+            dlogits *= np.float32(grad_scale)
+        elif grad_scale != 1.0:  # scaled on the host: (N, classes) is small
+            host = dev.to_host(dlogits)
+            host *= np.float32(grad_scale)
+            del dlogits  # freed before its scaled copy is made, as the plan counts one
+            dlogits = dev.to_device(host)
         grads = {self.net.output: dlogits}  # the only reference: freed in backward
         del y, dlogits
         if not self.host:
@@ -178,14 +186,6 @@ class Executor:
         return logits if self.host else self.device.to_host(logits)
 
     # -- internals -------------------------------------------------------------------
-    def _scaled(self, dlogits, scale: float):
-        if self.host:
-            dlogits *= np.float32(scale)
-            return dlogits
-        host = self.device.to_host(dlogits)  # (N, classes): small
-        host *= np.float32(scale)
-        return self.device.to_device(host)
-
     def _here(self, a) -> bool:
         return a.device is self.device if isinstance(a, DeviceArray) else \
             self.device.kind == "cpu"
