@@ -401,6 +401,35 @@ def test_a_scaled_loss_gradient_stays_within_the_plan(rng):
     ex.train_step(x, y, grad_scale=0.5)
 
 
+def test_a_small_gamma_is_counted_before_the_step(rng):
+    """A reconstructed BatchNorm with |gamma| < RECONSTRUCT_MIN_GAMMA keeps its input:
+    the budget check counts it, so the step fails before it starts (it failed part way,
+    the BatchNorms before it updated) and runs with that much more"""
+    dev = sim()
+    net = models.build("resnet20", seed=0).to(dev)
+    opt = SGD(net.parameters(), lr=0.1, momentum=0.9)  # noqa: F841 (its state: the plan's slot)
+    plan = make_plan(net, 4, device=dev)
+    g = net.nodes["layer1.0.bn2"].layer.params["weight"].data
+    assert "reconstructed" in plan.step("layer1.0.bn2").fused
+    h = asnumpy(g).copy()
+    h[0] = 1e-4
+    dev.to_device(h, out=g)
+    ex = Executor(net, plan)
+    ex.track_memory = True
+    x, y = _r(rng, 4, 3, 32, 32), rng.integers(0, 10, 4)
+    before = net.state_dict()
+    dev.budget = plan.memory["peak"]
+    kept = 4 * 16 * 32 * 32 * 4  # the BatchNorm's input, batch 4
+    with pytest.raises(OutOfDeviceMemory, match=f"and {kept} bytes of inputs that BatchNorms"):
+        ex.train_step(x, y)
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    dev.budget = plan.memory["peak"] + kept
+    with pytest.warns(RuntimeWarning, match="keeps its input"):
+        ex.train_step(x, y)
+    assert plan.memory["peak"] < ex.peak_device_bytes <= dev.budget
+
+
 def test_training_at_the_planned_budget_also_evaluates_within_it(tmp_path, rng):
     """Evaluation on a device runs in the training batch, whose forward fits where its
     training step fits (in batches of 256 it needed twice lenet's budget at batch 8,

@@ -407,11 +407,15 @@ class BatchNorm2d(Layer):
             g.device.to_host_async(g, self._gamma_host)
             self._gamma_fetched = True
 
+    def gamma_is_small(self) -> bool:
+        """Whether some |gamma| is below RECONSTRUCT_MIN_GAMMA (from this step's copy,
+        when fetch_gamma made one and the device has finished it)."""
+        g = self._gamma_host if self._gamma_fetched else self.params["weight"].data
+        return float(np.abs(asnumpy(g)).min()) < RECONSTRUCT_MIN_GAMMA
+
     def _reconstructible(self) -> bool:
-        g = self.params["weight"].data
-        if self._gamma_fetched:  # this step's copy, from fetch_gamma
-            g, self._gamma_fetched = self._gamma_host, False
-        small = float(np.abs(asnumpy(g)).min()) < RECONSTRUCT_MIN_GAMMA
+        small = self.gamma_is_small()
+        self._gamma_fetched = False  # this step's copy is used
         if small:
             warnings.warn(f"a BatchNorm2d has |gamma| < {RECONSTRUCT_MIN_GAMMA:g}: it keeps its "
                           f"input for backward in this step instead of reconstructing it, "

@@ -10,11 +10,10 @@ copies each batch there (images and int64 labels: two counted copies), keeps eve
 activation and gradient there, computes the loss there and brings back only the
 loss and the logits.  Parameter gradients are made by backward where the
 parameters live; the previous step's are dropped when a step starts.  With a
-budget, a step the plan predicts will not fit raises OutOfDeviceMemory before it
-starts, so a failed step changes nothing but the dropped gradients (unless a
-reconstructed BatchNorm keeps its input after all, RECONSTRUCT_MIN_GAMMA, which the
-plan does not count); on the cpu, OutOfHostMemory where the host has less memory
-free than the step needs.
+budget, a step the plan predicts will not fit (counting the inputs that reconstructed
+BatchNorms keep after all, RECONSTRUCT_MIN_GAMMA) raises OutOfDeviceMemory before it
+starts, so a failed step changes nothing but the dropped gradients; on the cpu,
+OutOfHostMemory where the host has less memory free than the step needs.
 
 In training, steps the plan's fusion pass tagged run fused (Layer.forward_fused):
 a convolution's channel sums go to the BatchNorm that follows, and activations
@@ -31,6 +30,7 @@ the arrays themselves; on a device the device's own peak over the step.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from typing import Callable, Dict, Iterable, Optional, Tuple
@@ -40,7 +40,7 @@ import numpy as np
 from minidl import ops
 from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
-from minidl.nn.layers import Mapped, SoftmaxCrossEntropy
+from minidl.nn.layers import RECONSTRUCT_MIN_GAMMA, Mapped, SoftmaxCrossEntropy
 from minidl.plan import Plan, inference_fusion, make_plan
 
 _MASK64 = (1 << 64) - 1
@@ -138,6 +138,9 @@ class Executor:
         # the BatchNorms whose input the plan reconstructs: each checks its gamma per step
         self._reconstructed = [net.nodes[s.name].layer for s in self.plan.steps
                                if "reconstructed" in s.fused]
+        # ... and the bytes per sample of the input each keeps when its gamma is small
+        self._input_bytes = {net.nodes[s.name].layer: 4 * math.prod(net.nodes[s.inputs[0]].shape)
+                             for s in self.plan.steps if "reconstructed" in s.fused}
         # evaluation mode on the cpu: the layers each convolution absorbs (BatchNorm
         # folded into its weights, ReLU in its epilogue) and each Add (its ReLU;
         # minidl.plan.inference_fusion)
@@ -224,10 +227,25 @@ class Executor:
             self._step_bytes[n] = make_plan(self.net, n, device=self.device,
                                             fuse="fusion" in self.plan.passes
                                             ).memory["step_peak"]
-        self.device.check_fits(self._step_bytes[n], f"a training step of batch {n} "
-                               f"(the plan's prediction)")
+        kept = self._kept_after_all(n)
+        self.device.check_fits(self._step_bytes[n] + kept, f"a training step of batch {n} "
+                               f"(the plan's prediction" + (f", and {kept} bytes of inputs "
+                               f"that BatchNorms with |gamma| < {RECONSTRUCT_MIN_GAMMA:g} keep"
+                               if kept else "") + ")")
         if self.host:  # the host's free memory is read at a batch size's first step
             self._fits_on_host.add(n)
+
+    def _kept_after_all(self, n: int) -> int:
+        """The bytes of the inputs that reconstructed BatchNorms keep in this step after
+        all (their gamma is small), which the plan does not count: an upper bound on
+        what they add to the step's peak (the gammas copied here, on a device)."""
+        if not self._reconstructed or self.host:
+            return 0
+        for layer in self._reconstructed:
+            layer.fetch_gamma()
+        self.device.current.synchronize()
+        return sum(n * self._input_bytes[layer] for layer in self._reconstructed
+                   if layer.gamma_is_small())
 
     def _seed(self, i: int) -> int:
         return (self.seed * 0x9E3779B97F4A7C15 + self.step_count * 0x100000001B3 + i) & _MASK64
