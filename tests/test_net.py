@@ -230,6 +230,23 @@ def test_executor_checks_its_input(rng):
                  make_plan(models.build("resnet20", (3, 8, 8), seed=None), 2))
 
 
+def test_training_steps_that_cannot_run_fail_before_they_start():
+    for fuse in (False, True):
+        ex = Executor(models.build("resnet20", seed=0), make_plan(
+            models.build("resnet20", seed=None), 2, fuse=fuse))
+        with pytest.raises(ValueError, match="needs a batch of at least 1 sample, got 0"):
+            ex.train_step(np.zeros((0, 3, 32, 32), np.float32), np.zeros(0, np.int64))
+        net = Net((4,))
+        net.add("fc", nn.Linear(out_features=3))
+        net.add("bn", nn.BatchNorm2d())
+        net.initialize(0)
+        ex = Executor(net, make_plan(net, 1, fuse=fuse))
+        with pytest.raises(ValueError, match="more than 1 value per channel in BatchNorm 'bn': "
+                                             "got a batch of 1"):
+            ex.train_step(np.zeros((1, 4), np.float32), np.zeros(1, np.int64))
+        assert net.buffers()["bn.num_batches_tracked"] == 0
+
+
 @pytest.mark.parametrize("name", ["lenet", "cifar10_quick", "resnet20"])
 def test_predict_on_an_empty_batch(name):
     net = models.build(name, seed=0)

@@ -40,7 +40,8 @@ import numpy as np
 from minidl import ops
 from minidl.device import DeviceArray, get_device
 from minidl.graph import INPUT, Net
-from minidl.nn.layers import RECONSTRUCT_MIN_GAMMA, Mapped, SoftmaxCrossEntropy
+from minidl.nn.layers import (RECONSTRUCT_MIN_GAMMA, BatchNorm2d, Mapped,
+                               SoftmaxCrossEntropy)
 from minidl.plan import Plan, inference_fusion, make_plan
 
 _MASK64 = (1 << 64) - 1
@@ -138,6 +139,9 @@ class Executor:
         # the BatchNorms whose input the plan reconstructs: each checks its gamma per step
         self._reconstructed = [net.nodes[s.name].layer for s in self.plan.steps
                                if "reconstructed" in s.fused]
+        # values per channel and sample of each BatchNorm (training needs more than 1)
+        self._bn_values = {k: math.prod(n.shape[1:]) for k, n in net.layers()
+                           if isinstance(n.layer, BatchNorm2d)}
         # ... and the bytes per sample of the input each keeps when its gamma is small
         self._input_bytes = {net.nodes[s.name].layer: 4 * math.prod(net.nodes[s.inputs[0]].shape)
                              for s in self.plan.steps if "reconstructed" in s.fused}
@@ -156,6 +160,12 @@ class Executor:
         Returns (mean loss, logits on the host)."""
         dev = self.device
         n = len(self._check_input(x))
+        if n == 0:
+            raise ValueError("a training step needs a batch of at least 1 sample, got 0")
+        for k, m in self._bn_values.items():
+            if n * m <= 1:
+                raise ValueError(f"a training step needs more than 1 value per channel in "
+                                 f"BatchNorm {k!r}: got a batch of {n}")
         for p in self.net.parameters().values():
             p.grad = None
         self._check_budget(n)
