@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from minidl.device import copy_into, zeros_like
+from minidl.device import asnumpy, copy_into, zeros_like
 
 # variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm) set in every rank
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
@@ -167,6 +167,17 @@ def init() -> Comm:
     if _comm is None:
         _comm = MPIComm() if launched_by_mpi() else Comm()
     return _comm
+
+
+def broadcast_buffers(net, comm: Comm) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) to every rank, wherever they
+    live: per-rank statistics drift apart, and the checkpoint holds rank 0's."""
+    if comm.size == 1:
+        return
+    for b in net.buffers().values():
+        host = np.ascontiguousarray(asnumpy(b))
+        comm.broadcast([host])
+        copy_into(b, host)
 
 
 def run_or_abort(comm: Comm, fn, *args, **kwargs):

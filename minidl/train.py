@@ -191,10 +191,13 @@ def train(config: TrainConfig, log=print) -> Dict:
         cfg = TrainConfig(**{**asdict(cfg), "progress": False})
     device = from_options(distributed.local_device(cfg.device, comm), cfg.sim_memory,
                           cfg.gpu_memory)  # fails early
-    if cfg.threads is not None:
+    if cfg.threads:
         minidl.set_num_threads(cfg.threads)
-    elif comm.size > 1:  # share the host's cores among its ranks
-        minidl.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size))
+    elif comm.size > 1 and not os.environ.get("MINIDL_NUM_THREADS"):
+        # share the cores this process may use among the host's ranks
+        minidl.set_num_threads(max(1, len(os.sched_getaffinity(0)) // comm.local_size))
+    elif cfg.threads == 0:
+        minidl.set_num_threads(0)
     out = Path(cfg.out)
     if comm.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +219,10 @@ def train(config: TrainConfig, log=print) -> Dict:
     executor = Executor(net, make_plan(net, local_batch, optimizer_slots=len(opt.slots),
                                        device=device, fuse=cfg.fuse),
                         seed=cfg.seed + (comm.rank << 32))  # own dropout masks per rank
+    # a last batch that takes the remainder gives some ranks one sample more: checked
+    # now, not after an epoch
+    largest = max(len(train_loader.rows(i)) for i in range(len(train_loader)))
+    executor.check_budget(-(-largest // comm.size))
     reducer = distributed.GradientReducer(net, comm, exchange=cfg.grad_exchange)
     if comm.size > 1:
         executor.backward_hook = reducer.ready
@@ -321,6 +328,8 @@ def _epoch(cfg, epoch, executor, opt, schedule, train_loader, test_loader, steps
         bar.close()
     epoch_s = time.perf_counter() - t0
     seen, loss_sum, correct = comm.allreduce(np.array([seen, loss_sum, correct], np.float64))
+    if not cfg.sync_bn:  # evaluate the statistics the checkpoint keeps
+        distributed.broadcast_buffers(executor.net, comm)
     test = evaluate(executor, test_loader, comm)
     return {"epoch": epoch + 1, "lr": opt.lr, "train_loss": loss_sum / seen,
             "train_acc": correct / seen, "test_loss": test["loss"], "test_acc": test["acc"],

@@ -58,6 +58,15 @@ def test_shard_arguments_are_checked():
         _loader(3, 4, (0, 4))
     with pytest.raises(ValueError, match="a batch of 3 cannot be shared by 4 ranks"):
         _loader(10, 3, (0, 4))
+    for shard in ((0,), None, (0, 2, 1)):
+        with pytest.raises(ValueError, match="shard must be a pair"):
+            _loader(10, 4, shard)
+    with pytest.raises(ValueError, match="no samples: the data set is empty"):
+        _loader(0, 4)
+    images = np.zeros((4, 3, 8, 8), np.uint8)
+    for mean, std in (([np.nan] * 3, [0.25] * 3), ([0.5] * 3, [np.inf] * 3)):
+        with pytest.raises(ValueError, match="mean must be finite and std positive and finite"):
+            DataLoader(images, np.arange(4, dtype=np.int64), 2, shuffle=False, mean=mean, std=std)
 
 
 class _TwoRanks(distributed.Comm):
@@ -100,6 +109,27 @@ def test_sync_batchnorm_path_equals_batchnorm_on_one_process(rng, shape):
     for p in ("weight", "bias"):
         np.testing.assert_allclose(synced.params[p].grad, plain.params[p].grad, rtol=1e-5,
                                    atol=1e-5)
+
+
+class _TwoLikeRanks(distributed.Comm):
+    """Sums as two ranks holding the same batch would give them."""
+
+    def allreduce(self, a):
+        return 2 * np.asarray(a)
+
+
+def test_a_synchronised_batchnorm_takes_one_sample_per_rank():
+    """Its statistics count every rank's samples, so a local batch of 1 is enough"""
+    from minidl import Net, nn
+    from minidl.runtime import Executor
+    net = Net((4,))
+    net.add("fc", nn.Linear(out_features=3))
+    net.add("bn", BatchNorm2d())
+    net.initialize(0)
+    net.nodes["bn"].layer.sync = _TwoLikeRanks()
+    loss, _ = Executor(net, batch_size=1).train_step(np.ones((1, 4), np.float32),
+                                                     np.zeros(1, np.int64))
+    assert np.isfinite(loss)
 
 
 # ---- several ranks -------------------------------------------------------------------
@@ -212,6 +242,17 @@ def test_batchnorm_statistics_are_per_rank_without_sync_bn(cifar, tmp_path):
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert "BatchNorm statistics per rank" in two.stdout
     assert _rel_diff(_params(tmp_path / "two"), _params(tmp_path / "one")) > 100 * TOL
+    # the test metrics are those of the checkpoint's (rank 0's) statistics, which after
+    # 6 steps at a higher rate differ from rank 1's (test losses 0.13% apart when each
+    # rank evaluated with its own)
+    out = tmp_path / "stats"
+    two = _run(_train_args(cifar, out, "cifar10_full", 12, 2, "--limit-train", "36", "--lr",
+                           "0.05", "--lr-schedule", "constant"), ranks=2)
+    ev = _run(["eval", "--checkpoint", str(out / "checkpoint.safetensors")])
+    assert two.returncode == 0 and ev.returncode == 0, two.stderr + ev.stderr
+    loss = float(re.search(r"\(loss ([0-9.]+),", ev.stdout).group(1))
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert loss == pytest.approx(row["test_loss"], rel=2e-4), ev.stdout
 
 
 @mpi

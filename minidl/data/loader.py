@@ -64,11 +64,15 @@ class DataLoader:
         for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0),
                                  ("prefetch", prefetch, 0)):
             _check_int(name, value, low)
+        if not (isinstance(shard, (tuple, list)) and len(shard) == 2):
+            raise ValueError(f"shard must be a pair (rank, ranks), got {shard!r}")
         rank, ranks = shard
         _check_int("shard ranks", ranks, 1)
         _check_int("shard rank", rank, 0)
         if rank >= ranks:
             raise ValueError(f"shard: rank {rank} is not below the number of ranks {ranks}")
+        if len(labels) == 0:
+            raise ValueError("no samples: the data set is empty")
         if len(labels) < ranks:
             raise ValueError(f"shard: {len(labels)} samples cannot be shared by {ranks} ranks")
         if batch_size < ranks:
@@ -80,8 +84,9 @@ class DataLoader:
             if len(v) != channels:
                 raise ValueError(f"{name} must have one value per channel ({channels}), "
                                  f"got {len(v)}")
-        if not np.all(std > 0):
-            raise ValueError(f"std must be positive, got {std.tolist()}")
+        if not (np.all(np.isfinite(mean)) and np.all(std > 0) and np.all(np.isfinite(std))):
+            raise ValueError(f"mean must be finite and std positive and finite, got mean "
+                             f"{mean.tolist()}, std {std.tolist()}")
         self.images = np.ascontiguousarray(images)
         self.labels = labels
         self.batch_size, self.shuffle, self.seed = batch_size, bool(shuffle), seed

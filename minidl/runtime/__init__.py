@@ -162,13 +162,13 @@ class Executor:
         n = len(self._check_input(x))
         if n == 0:
             raise ValueError("a training step needs a batch of at least 1 sample, got 0")
-        for k, m in self._bn_values.items():
-            if n * m <= 1:
+        for k, m in self._bn_values.items():  # a synchronised one counts every rank's
+            if n * m <= 1 and self.net.nodes[k].layer.sync is None:
                 raise ValueError(f"a training step needs more than 1 value per channel in "
                                  f"BatchNorm {k!r}: got a batch of {n}")
         for p in self.net.parameters().values():
             p.grad = None
-        self._check_budget(n)
+        self.check_budget(n)
         if self.track_memory and not self.host:
             dev.reset_peak()
         y = labels if self.host else dev.to_device(self._check_labels(labels, n))
@@ -228,7 +228,7 @@ class Executor:
                              f"from {labels.min()} to {labels.max()}")
         return np.ascontiguousarray(labels, np.int64)
 
-    def _check_budget(self, n: int) -> None:
+    def check_budget(self, n: int) -> None:
         """A step of batch n that the plan says will not fit (in the device's budget; on
         the cpu, in what the host has free) fails here, before it starts."""
         if (self.device.budget is None and not self.host) or n in self._fits_on_host:
