@@ -10,7 +10,10 @@ TypeError.  Arrays that an op updates in place (``out``, running statistics,
 optimizer state) are never converted: they must already be C-contiguous,
 writable float32 arrays of the exact shape, or the op raises.  Wrong ranks,
 mismatched shapes and bad hyper-parameters raise ValueError naming the
-argument and the value expected.  NaN and Inf flow through like any number.
+argument and the value expected.  NaN and Inf flow through like any number,
+except: a Winograd convolution spreads them over its output tile (README, "The
+functional API"); dropout's zeros replace what they drop, NaN included; and
+relu_backward passes no gradient where x is NaN.
 
 Devices: every op also takes arrays of one device (minidl.device: sim, cuda) and
 runs there, its results staying on that device; operands on different devices

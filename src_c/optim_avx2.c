@@ -48,7 +48,7 @@ void mdl_adam_avx2(int64_t lo, int64_t hi, float *param, const float *grad, floa
         __m256 gm = _mm256_sub_ps(g, m);
         m = lerp_lo ? _mm256_fmadd_ps(omb1, gm, m) : _mm256_fnmadd_ps(gm, b1, g);
         __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(exp_avg_sq + i), b2,
-                                   _mm256_mul_ps(omb2, _mm256_mul_ps(g, g)));
+                                   _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
         __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2_sqrt), eps);
         _mm256_storeu_ps(exp_avg + i, m);
         _mm256_storeu_ps(exp_avg_sq + i, v);

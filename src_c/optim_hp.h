@@ -79,7 +79,8 @@ static inline MDL_HOST_DEVICE void mdl_adam_element(int64_t i, float *param, con
     /* exp_avg = lerp(exp_avg, g, 1 - beta1), in the form PyTorch's lerp uses */
     float m = exp_avg[i];
     m = hp->one_minus_beta1 < 0.5f ? m + hp->one_minus_beta1 * (g - m) : g - (g - m) * hp->beta1;
-    float v = exp_avg_sq[i] * hp->beta2 + hp->one_minus_beta2 * (g * g);
+    /* (1 - beta2) * g first, as PyTorch's addcmul: g * g overflows from |g| ~ 1.8e19 */
+    float v = exp_avg_sq[i] * hp->beta2 + hp->one_minus_beta2 * g * g;
     float denom = sqrtf(v) / hp->bc2_sqrt + hp->eps;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;

@@ -706,7 +706,7 @@ def test_loader_worker_exception():
     ({"prefetch": -1}, "prefetch must be an integer >= 0"),
     ({"mean": (0.5, 0.5)}, r"mean must have one value per channel \(3\), got 2"),
     ({"std": (0.5,)}, r"std must have one value per channel \(3\), got 1"),
-    ({"std": (0.5, 0.0, 0.5)}, "std must be positive"),
+    ({"std": (0.5, 0.0, 0.5)}, "std positive and finite"),
 ])
 def test_loader_bad_arguments(change, message):
     args = {"images": np.zeros((4, 3, 8, 8), np.uint8), "labels": np.zeros(4, np.int64),

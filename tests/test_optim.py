@@ -88,6 +88,16 @@ def test_adam(simd, threads, rng, size, cfg):
     assert_close(v, want[2], "optim", "exp_avg_sq")
 
 
+def test_adam_takes_gradients_whose_square_overflows_float32(simd):
+    """exp_avg_sq gains (1 - beta2) * g * g in that order (PyTorch's addcmul): g * g first
+    made it inf from |g| ~ 1.8e19, and the parameter never moved again"""
+    param, grad = np.zeros(19, np.float32), np.full(19, 1e20, np.float32)
+    m, v = np.zeros(19, np.float32), np.zeros(19, np.float32)
+    ops.adam_step(param, grad, m, v, step=1, lr=1e-3)
+    np.testing.assert_allclose(v, (1 - float(np.float32(0.999))) * 1e40, rtol=1e-6)
+    np.testing.assert_allclose(param, -1e-3, rtol=1e-5)
+
+
 def test_adam_weight_decay_kinds_differ(rng):
     """Adam folds weight decay into the gradient, AdamW decays the parameter: with
     the same inputs the two must give different parameters."""
