@@ -104,15 +104,6 @@ def _pair(name: str, v) -> Tuple[int, int]:
     raise TypeError(f"{name} must be an int or an (h, w) pair of ints, got {v!r}")
 
 
-def _count(name: str, v, none_ok: bool = False):
-    """A positive int (or None where the input tells it)."""
-    if v is None and none_ok:
-        return None
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return int(v)
-
-
 def _dry_run(f, in_shape: Shape, *args, **kwargs) -> Shape:
     """The per-sample output shape of op f on an empty batch: the op's own checks and
     output-size rule, with its messages turned into ShapeError."""
@@ -226,8 +217,8 @@ class Conv2d(Layer):
                  kernel_size=3, stride=1, padding=0, bias: bool = True,
                  weight_init: _init.Spec = "kaiming", bias_init: _init.Spec = 0.0):
         super().__init__()
-        self.in_channels = _count("in_channels", in_channels, none_ok=True)
-        self.out_channels = _count("out_channels", out_channels)
+        self.in_channels = None if in_channels is None else ops._int("in_channels", in_channels, 1)
+        self.out_channels = ops._int("out_channels", out_channels, 1)
         self.kernel_size, self.stride, self.padding = (
             _pair("kernel_size", kernel_size), _pair("stride", stride), _pair("padding", padding))
         self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
@@ -619,8 +610,8 @@ class Linear(Layer):
                  bias: bool = True, weight_init: _init.Spec = "kaiming",
                  bias_init: _init.Spec = 0.0):
         super().__init__()
-        self.in_features = _count("in_features", in_features, none_ok=True)
-        self.out_features = _count("out_features", out_features)
+        self.in_features = None if in_features is None else ops._int("in_features", in_features, 1)
+        self.out_features = ops._int("out_features", out_features, 1)
         self.bias, self.weight_init, self.bias_init = bias, weight_init, bias_init
 
     def build(self, in_shapes):

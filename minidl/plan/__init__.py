@@ -62,7 +62,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from minidl import nn
+from minidl import nn, ops
 from minidl.device import Device, canonical_name
 from minidl.graph import INPUT, Net
 from minidl.nn.layers import reconstructed_input
@@ -322,22 +322,17 @@ def _traffic(kind: str, tags, in_bytes: List[int], out_bytes: int, param_bytes: 
     return 0, 0  # a kind it does not know
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-
-
 def make_plan(net: Net, batch_size: int, *, optimizer_slots: int = 1,
               device="cpu", fuse: bool = True) -> Plan:
     """The plan of net at batch_size on device (a name such as "sim" or "cuda:0", or
     a Device), with the fusion pass unless fuse is False; optimizer_slots is the
     number of parameter-sized arrays the optimizer keeps (SGD with momentum 1, Adam 2)."""
-    if not _is_int(batch_size) or batch_size < 1:
+    if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, numbers.Integral) \
+            or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if not _is_int(optimizer_slots) or optimizer_slots < 0:
-        raise ValueError(f"optimizer_slots must be an int >= 0, got {optimizer_slots!r}")
+    batch_size, optimizer_slots = int(batch_size), ops._int("optimizer_slots", optimizer_slots, 0)
     if not isinstance(fuse, (bool, np.bool_)):
         raise TypeError(f"fuse must be a bool, got {fuse!r}")
-    batch_size, optimizer_slots = int(batch_size), int(optimizer_slots)
     device = device.name if isinstance(device, Device) else canonical_name(device)
     fused = fusion(net) if fuse else {}
     root = storage_of(net, fused)

@@ -168,6 +168,9 @@ class Executor:
                                  f"BatchNorm {k!r}: got a batch of {n}")
         for p in self.net.parameters().values():
             p.grad = None
+        if not self.host:  # the gammas' copies, for the budget check and the forward
+            for layer in self._reconstructed:
+                layer.fetch_gamma()
         self.check_budget(n)
         if self.track_memory and not self.host:
             dev.reset_peak()
@@ -248,11 +251,9 @@ class Executor:
     def _kept_after_all(self, n: int) -> int:
         """The bytes of the inputs that reconstructed BatchNorms keep in this step after
         all (their gamma is small), which the plan does not count: an upper bound on
-        what they add to the step's peak (the gammas copied here, on a device)."""
+        what they add to the step's peak (from train_step's copies of the gammas)."""
         if not self._reconstructed or self.host:
             return 0
-        for layer in self._reconstructed:
-            layer.fetch_gamma()
         self.device.current.synchronize()
         return sum(n * self._input_bytes[layer] for layer in self._reconstructed
                    if layer.gamma_is_small())
@@ -270,12 +271,11 @@ class Executor:
 
     def _forward(self, x, training: bool, held=()):
         x = self._check_input(x)
-        fetch = self._reconstructed if training and not self.host else []
-        for layer in fetch:  # done by the wait for the batch's copy (or the one below)
-            layer.fetch_gamma()
+        # train_step's copies of the gammas are done by the wait for the batch's copy (or
+        # the one below)
         if not self.host and isinstance(x, np.ndarray):
             x = self.device.to_device(np.ascontiguousarray(x, np.float32))
-        elif fetch:
+        elif training and not self.host and self._reconstructed:
             self.device.current.synchronize()
         outs = {INPUT: x}
         del x  # outs holds the only reference: the batch is freed after its last reader
