@@ -120,9 +120,10 @@ MDL_API mdl_simd mdl_get_simd(void);
 
 /* C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major.
  * op(A) is A (m x k, leading dimension lda) or, with trans_a, A^T where A is
- * k x m.  Likewise for B.  beta == 0 overwrites C without reading it.  An operand
- * that spans 2^60 elements or more (rows times leading dimension) is an error, and
- * the workspace size of such a shape is SIZE_MAX. */
+ * k x m.  Likewise for B.  beta == 0 overwrites C without reading it; alpha == 0
+ * reads neither A nor B (they may be NULL), as in BLAS, so NaN there does not reach
+ * C.  An operand that spans 2^60 elements or more (rows times leading dimension) is
+ * an error, and the workspace size of such a shape is SIZE_MAX. */
 MDL_API size_t mdl_sgemm_workspace_size(int64_t m, int64_t n, int64_t k);
 MDL_API mdl_status mdl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                              float alpha, const float *a, int64_t lda,

@@ -46,6 +46,7 @@ mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                                          ldc);
     if (st != MDL_OK) return st;
     if (m == 0 || n == 0) return MDL_OK;
+    if (alpha == 0.0f) k = 0; /* as BLAS: A and B are not read, C = beta * C */
     MDL_CHECK_PTR(c);
     if (k > 0) {
         MDL_CHECK_PTR(a);

@@ -154,6 +154,14 @@ def test_sgemm_beta_zero_ignores_nan(gpu, rng):
     check(gpu.down(pc, (9, 6)), a @ b, "gemm")
 
 
+def test_sgemm_alpha_zero_reads_neither_a_nor_b(gpu, rng):
+    c = f32(rng, 9, 6)
+    pc = gpu.up(c)
+    nan = gpu.empty((9, 4))  # NaN: alpha == 0 must not read A or B
+    run(cuda.sgemm, 0, 0, 9, 6, 4, 0.0, nan, 4, nan, 6, 0.5, pc, 6)
+    check(gpu.down(pc, (9, 6)), 0.5 * c, "exact", "C")
+
+
 # ---- convolution ----------------------------------------------------------------------------
 
 # (n, c_in, h, w, c_out, kh, kw, stride, padding)

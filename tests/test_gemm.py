@@ -245,6 +245,17 @@ def test_sgemm_k0_scales_out(simd, threads, rng, beta):
     np.testing.assert_array_equal(out, beta * c if beta else np.zeros((9, 20), np.float32))
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_sgemm_alpha0_reads_neither_a_nor_b(simd, threads, rng, beta):
+    """As BLAS: alpha == 0 gives beta * C, NaN and Inf in A or B not reaching it."""
+    a = np.full((40, 70), np.nan, np.float32)
+    b = np.full((70, 30), np.inf, np.float32)
+    c = f32(rng, 40, 30)
+    out = c.copy() if beta else np.full((40, 30), np.nan, np.float32)
+    ops.sgemm(a, b, alpha=0.0, beta=beta, out=out)
+    np.testing.assert_array_equal(out, beta * c if beta else np.zeros((40, 30), np.float32))
+
+
 def test_sgemm_empty_result(simd):
     assert ops.sgemm(np.empty((0, 5), np.float32), f32(np.random.default_rng(0), 5, 3)).shape == (0, 3)
     assert ops.sgemm(np.ones((4, 5), np.float32), np.empty((5, 0), np.float32)).shape == (4, 0)

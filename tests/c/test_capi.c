@@ -234,6 +234,9 @@ static void test_errors(void)
     EXPECT(strstr(mdl_last_error(), "lda") != NULL, "message names lda: '%s'", mdl_last_error());
     st = mdl_sgemm(0, 0, 2, 2, 2, 1.0f, NULL, 2, a, 2, 0.0f, c, 2, NULL, 0);
     EXPECT(st == MDL_ERR_ARG && strstr(mdl_last_error(), "NULL"), "NULL a: '%s'", mdl_last_error());
+    st = mdl_sgemm(0, 0, 2, 2, 2, 0.0f, NULL, 2, NULL, 2, 0.0f, c, 2, NULL, 0);
+    EXPECT(st == MDL_OK && c[0] == 0.0f && c[3] == 0.0f, "alpha 0 reads neither A nor B: '%s'",
+           mdl_last_error());
     const mdl_conv2d_shape bad = {.n = 1, .c_in = 1, .h = 4, .w = 4, .c_out = 1, .kh = 3, .kw = 3,
                                   .stride_h = 0, .stride_w = 1};
     int64_t ho, wo;
