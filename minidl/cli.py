@@ -47,7 +47,7 @@ def _train_parser(sub):
                    help="never fetch a missing data set")
     p.add_argument("--threads", type=int, help=THREADS_HELP.format(
         "; with several ranks, the host's cores divided among them"))
-    p.add_argument("--seed", type=int, help="default: 0")
+    p.add_argument("--seed", type=int, help="in [0, 2^32); default: 0")
     p.add_argument("--out", help="output directory (default: runs/MODEL)")
     p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint, with its "
                    "settings (options that change the run's course may not differ; "

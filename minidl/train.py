@@ -124,6 +124,12 @@ def _check(cfg: TrainConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and not 0 <= v < math.inf:
             raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    # below 2^32: the loader's streams take [seed, epoch], which SeedSequence reads as
+    # 32-bit words (2^32 + s would give seed s's next epoch), and each rank's dropout
+    # stream seed + (rank << 32)
+    if cfg.seed is not None and (isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int)
+                                 or not 0 <= cfg.seed < 1 << 32):
+        raise ValueError(f"seed must be an integer in [0, 2^32), got {cfg.seed!r}")
     if cfg.threads is not None and cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: the default), got {cfg.threads!r}")
     if cfg.optimizer not in OPTIMIZERS:

@@ -703,6 +703,7 @@ def test_loader_worker_exception():
     ({"batch_size": 0}, "batch_size must be an integer >= 1"),
     ({"batch_size": 2.0}, "batch_size must be an integer >= 1"),
     ({"seed": -1}, "seed must be an integer >= 0"),
+    ({"seed": 1 << 32}, r"seed must be below 2\^32"),  # [2^32 + s, e] is [s, 1, e]: s's next epoch
     ({"prefetch": -1}, "prefetch must be an integer >= 0"),
     ({"mean": (0.5, 0.5)}, r"mean must have one value per channel \(3\), got 2"),
     ({"std": (0.5,)}, r"std must have one value per channel \(3\), got 1"),

@@ -157,6 +157,8 @@ def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
                       (dict(weight_decay=float("nan")), "weight_decay must be a finite"),
                       (dict(warmup_epochs=-1.0), "warmup_epochs must be a finite"),
                       (dict(threads=-2), r"threads must be >= 0 \(0: the default\)"),
+                      (dict(seed=1 << 32), r"seed must be an integer in \[0, 2\^32\)"),
+                      (dict(seed=-1), r"seed must be an integer in \[0, 2\^32\)"),
                       (dict(optimizer="lbfgs"), "unknown optimizer 'lbfgs'"),
                       (dict(model="nope"), "unknown model 'nope'")):
         with pytest.raises(ValueError, match=match):

@@ -64,6 +64,8 @@ class DataLoader:
         for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0),
                                  ("prefetch", prefetch, 0)):
             _check_int(name, value, low)
+        if seed >= 1 << 32:  # [seed, epoch] as 32-bit words: 2^32 + s would be s one epoch on
+            raise ValueError(f"seed must be below 2^32, got {seed}")
         if not (isinstance(shard, (tuple, list)) and len(shard) == 2):
             raise ValueError(f"shard must be a pair (rank, ranks), got {shard!r}")
         rank, ranks = shard
