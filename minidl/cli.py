@@ -49,6 +49,8 @@ def _train_parser(sub):
         "; with several ranks, the host's cores divided among them"))
     p.add_argument("--seed", type=int, help="in [0, 2^32); default: 0")
     p.add_argument("--out", help="output directory (default: runs/MODEL)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's checkpoint and metrics in --out")
     p.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint, with its "
                    "settings (options that change the run's course may not differ; "
                    "--epochs may, to extend it)")

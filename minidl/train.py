@@ -51,6 +51,7 @@ class TrainConfig:
     threads: Optional[int] = None
     seed: Optional[int] = None  # 0
     out: Optional[str] = None
+    overwrite: bool = False  # replace the files of an earlier run in out
     resume: Optional[str] = None
     limit_train: Optional[int] = None
     limit_test: Optional[int] = None
@@ -206,6 +207,7 @@ def train(config: TrainConfig, log=print) -> Dict:
         minidl.set_num_threads(0)
     out = Path(cfg.out)
     if comm.rank == 0:
+        _check_out(cfg, out)
         out.mkdir(parents=True, exist_ok=True)
     shard = (comm.rank, comm.size)
     train_loader, test_loader = make_loader(cfg, True, shard), make_loader(cfg, False, shard)
@@ -282,6 +284,19 @@ def train(config: TrainConfig, log=print) -> Dict:
         plot(history, out / "curves.png")
     comm.barrier()  # the checkpoint is complete before any rank returns
     return summary
+
+
+def _check_out(cfg: TrainConfig, out: Path) -> None:
+    """An earlier run's checkpoint and metrics in out are replaced only with overwrite,
+    or continued by resuming that checkpoint."""
+    ckpt, metrics = out / "checkpoint.safetensors", out / "metrics.jsonl"
+    if cfg.overwrite or (cfg.resume and ckpt.exists() and ckpt.samefile(cfg.resume)):
+        return
+    found = [p.name for p in (ckpt, metrics) if p.exists() and p.stat().st_size > 0]
+    if found:
+        resume = f"continue it with --resume {ckpt}, " if ckpt.exists() else ""
+        raise FileExistsError(f"{out} holds an earlier run ({', '.join(found)}): {resume}"
+                              "write to another --out, or replace it with --overwrite")
 
 
 def _plural(n: int, noun: str) -> str:

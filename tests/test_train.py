@@ -181,6 +181,36 @@ def run_cli(*args):
     return cli.main([str(a) for a in args])
 
 
+def test_an_earlier_run_is_replaced_only_when_asked(mnist_root, tmp_path, capsys):
+    out, other = tmp_path / "run", tmp_path / "other"
+    cfg = dict(epochs=1, limit_train=64)
+    train(lenet_config(mnist_root, out, **cfg), log=lambda *a: None)
+    train(lenet_config(mnist_root, other, seed=1, **cfg), log=lambda *a: None)
+    ckpt = out / "checkpoint.safetensors"
+    before = ckpt.read_bytes(), (out / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match=f"{out} holds an earlier run "
+                       r"\(checkpoint.safetensors, metrics.jsonl\): continue it with --resume"):
+        train(lenet_config(mnist_root, out, **cfg), log=lambda *a: None)
+    # another run's checkpoint resumed into out would replace out's as well
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
+        train(TrainConfig(resume=str(other / "checkpoint.safetensors"), epochs=2, out=str(out),
+                          data=str(mnist_root), progress=False, download=False),
+              log=lambda *a: None)
+    assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", mnist_root,
+                   "--epochs", 1, "--out", out, "--no-progress", "--no-download") == 1
+    assert "replace it with --overwrite" in capsys.readouterr().err
+    assert (ckpt.read_bytes(), (out / "metrics.jsonl").read_text()) == before
+    # resuming out's own checkpoint continues it; overwrite starts afresh
+    train(TrainConfig(resume=str(ckpt), epochs=2, out=str(out), data=str(mnist_root),
+                      progress=False, download=False), log=lambda *a: None)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    train(lenet_config(mnist_root, out, seed=1, overwrite=True, **cfg), log=lambda *a: None)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    mine, theirs = checkpoint.load(ckpt)[0], checkpoint.load(other / "checkpoint.safetensors")[0]
+    for k in theirs:
+        np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
+
+
 def test_cli_train_eval_plan_bench_models(mnist_root, tmp_path, capsys):
     out = tmp_path / "cli"
     assert run_cli("train", "--model", "lenet", "--dataset", "mnist", "--data", mnist_root,
