@@ -46,12 +46,15 @@ def main(argv):
             return {k: p.grad.double().numpy() for k, p in net.named_parameters()}
 
         exact = torch_grads(torch.float64)
-        moved = ", ".join(
-            f"{eps:.0e}: {median_distance(torch_grads(torch.float64, x * (1 + eps * rng.standard_normal(x.shape))), exact):.1e}"
-            for eps in (1e-7, 1e-6, 1e-5))
+        moved = []
+        for eps in (1e-7, 1e-6, 1e-5):
+            g = torch_grads(torch.float64, x * (1 + eps * rng.standard_normal(x.shape)))
+            moved.append(f"{eps:.0e}: {median_distance(g, exact):.1e}")
+        moved = ", ".join(moved)
         print(f"{name}, batch {batch}, seed {seed}: the float64 gradients moved by the "
               f"input moved by {moved}")
-        print(f"  torch float32            {median_distance(torch_grads(torch.float32), exact):.1e}")
+        print(f"  torch float32            "
+              f"{median_distance(torch_grads(torch.float32), exact):.1e}")
         for algo in ("gemm", "winograd", "auto"):
             minidl.set_conv_algo(algo)
             for fuse in (False, True):

@@ -138,7 +138,8 @@ def _device_step(dev, train_step, batch_size: int) -> Dict:
 
 def format_report(r: Dict) -> str:
     ranks = f", {r['ranks']} ranks" if "ranks" in r else ""
-    lines = [f"{r['model']}, batch {r['batch_size']}{ranks}, {r['threads']} threads "
+    threads = f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"
+    lines = [f"{r['model']}, batch {r['batch_size']}{ranks}, {threads} "
              f"({r['simd']}), device {r['device']}, {'fused' if r['fused'] else 'unfused'}:",
              f"  train {r['train_images_per_s']:.0f} images/s ({r['train_step_ms']:.1f} ms/step, "
              f"{r['train_gflops_per_s']:.1f} GFLOP/s), infer {r['infer_images_per_s']:.0f} "

@@ -25,6 +25,11 @@ _OPT = "optimizer."
 
 def save(path, net: Net, optimizer: Optional[Optimizer], **meta: Any) -> None:
     tensors = net.state_dict()
+    clash = next((k for k in tensors if k.startswith(_OPT)), None)
+    if clash is not None:  # load would take it for the optimizer's
+        raise ValueError(f"checkpoint.save: the net's tensor {clash!r} starts with "
+                         f"{_OPT!r}, which checkpoints keep for the optimizer's state; "
+                         "rename that layer")
     if optimizer is not None:
         tensors.update({_OPT + k: v for k, v in optimizer.state_dict().items()})
     info = {"minidl": FORMAT, "model": net.name, "input_shape": list(net.input_shape),

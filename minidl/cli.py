@@ -98,17 +98,25 @@ def _train(a):
 def _eval(a):
     from minidl import checkpoint
     from minidl.runtime import Executor
-    from minidl.train import TrainConfig, evaluate, make_loader
+    from minidl import data
+    from minidl.train import TrainConfig, _plural, evaluate, make_loader
     if a.threads is not None:
         minidl.set_num_threads(a.threads)
     net, meta = checkpoint.load_net(a.checkpoint)
-    cfg = TrainConfig(**{**meta["config"], "data": a.data or meta["config"].get("data"),
-                         "dataset": a.dataset or meta["config"]["dataset"],
+    saved = meta.get("config")
+    # the settings this version knows (a checkpoint of another may hold more)
+    saved = {f.name: saved[f.name] for f in fields(TrainConfig)
+             if f.name in saved} if isinstance(saved, dict) else {}
+    dataset = a.dataset or saved.get("dataset")
+    if dataset not in data.DATASETS:
+        raise ValueError(f"{a.checkpoint} names no data set this version knows "
+                         f"({dataset!r}): give --dataset ({', '.join(data.DATASETS)})")
+    cfg = TrainConfig(**{**saved, "data": a.data or saved.get("data"), "dataset": dataset,
                          "limit_test": a.limit_test, "download": a.download})
     test_loader = make_loader(cfg.resolved(), train=False)
     r = evaluate(Executor(net, batch_size=test_loader.batch_size), test_loader)
-    print(f"{meta['model']} after {meta['epoch']} epochs on {cfg.dataset}: test accuracy "
-          f"{r['acc']:.4f} (loss {r['loss']:.4f}, {len(test_loader.labels)} images)")
+    print(f"{meta['model']} after {_plural(meta['epoch'], 'epoch')} on {cfg.dataset}: test "
+          f"accuracy {r['acc']:.4f} (loss {r['loss']:.4f}, {len(test_loader.labels)} images)")
     return 0
 
 
@@ -142,6 +150,9 @@ def _models(a):
         info = models.info(name)
         n = models.build(name, seed=None).num_parameters()
         print(f"{name:<15} {n:>11,}  {str(info['input']):<12} {info['doc']}")
+        print(" " * 17 + "recipe: " + " ".join(
+            (f"--{k.replace('_', '-')}" if v else f"--no-{k}") if isinstance(v, bool)
+            else f"--{k.replace('_', '-')} {v}" for k, v in info["train"].items()))
     return 0
 
 
@@ -194,7 +205,8 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--device", default="cpu", help="the device the plan is for")
     _fuse_argument(pl)
     pl.set_defaults(run=_plan)
-    m = sub.add_parser("models", help="list the models with their parameter counts")
+    m = sub.add_parser("models", help="list the models with their parameter counts "
+                       "and training recipes")
     m.set_defaults(run=_models)
     return p
 
@@ -213,6 +225,10 @@ def main(argv=None) -> int:
     try:
         comm = distributed.init()
         return distributed.run_or_abort(comm, a.run, a)
+    except KeyboardInterrupt:
+        go_on = " (train: --resume the checkpoint in --out to go on)" * (a.command == "train")
+        print(f"minidl {a.command}: interrupted{go_on}", file=sys.stderr)
+        return 130
     except (ValueError, KeyError, RuntimeError, OSError, OutOfDeviceMemory,
             FloatingPointError) as e:  # the last: a diverging run's advice
         print(f"minidl {a.command}: error: {e}", file=sys.stderr)

@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -189,6 +189,13 @@ def train(config: TrainConfig, log=print) -> Dict:
     batch (minidl.distributed); rank 0 alone logs and writes files."""
     cfg = (config.resumed() if config.resume else config).resolved()
     _check(cfg)
+    if cfg.data is not None:  # the checkpoint's, for eval and resume from anywhere
+        cfg = replace(cfg, data=os.path.abspath(cfg.data))
+    if cfg.resume:
+        done = int(checkpoint.load(cfg.resume, tensors=False)[2].get("epoch", 0))
+        if done >= cfg.epochs:
+            raise ValueError(f"{cfg.resume} has trained {done} of {cfg.epochs} epochs "
+                             f"already: give --epochs above {done} to extend the run")
     if cfg.plot:
         _matplotlib()  # fails before the run, not after it
     comm = distributed.init()
@@ -208,7 +215,6 @@ def train(config: TrainConfig, log=print) -> Dict:
     out = Path(cfg.out)
     if comm.rank == 0:
         _check_out(cfg, out)
-        out.mkdir(parents=True, exist_ok=True)
     shard = (comm.rank, comm.size)
     train_loader, test_loader = make_loader(cfg, True, shard), make_loader(cfg, False, shard)
     num_classes = len(data.DATASETS[cfg.dataset].classes)
@@ -247,8 +253,9 @@ def train(config: TrainConfig, log=print) -> Dict:
         history = list(meta.get("history", []))
         log(f"resumed from {cfg.resume} after epoch {start_epoch}")
     metrics_path = out / "metrics.jsonl"
-    if not cfg.resume and comm.rank == 0:
-        metrics_path.write_text("")
+    if comm.rank == 0:  # the checkpoint's epochs, none of a run or an epoch it lacks
+        out.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text("".join(json.dumps(row) + "\n" for row in history))
     ranks = (f", {comm.size} ranks x batch {local_batch} (BatchNorm statistics "
              f"{'over all ranks' if cfg.sync_bn else 'per rank'})" if comm.size > 1 else "")
     log(f"training {cfg.model} ({net.num_parameters():,} parameters) on {cfg.dataset}: "

@@ -37,10 +37,12 @@ def _module(name: str):
 
 
 def info(name: str) -> Dict:
-    """{"input": shape, "train": recipe, "doc": first line} of a model."""
+    """{"input": shape, "train": recipe, "doc": what it is} of a model: doc is its
+    docstring's first paragraph without the leading "name: ", up to any colon."""
     m = _module(name)
+    doc = " ".join((m.__doc__ or "").strip().split("\n\n")[0].split())
     return {"input": tuple(m.INPUT), "train": dict(m.TRAIN),
-            "doc": (m.__doc__ or "").strip().splitlines()[0]}
+            "doc": doc.split(": ", 1)[-1].split(": ")[0]}
 
 
 def spec(name: str, input_shape: Optional[Sequence[int]] = None,

@@ -244,6 +244,93 @@ def test_cli_train_eval_plan_bench_models(mnist_root, tmp_path, capsys):
     assert run_cli("models") == 0
     text = capsys.readouterr().out
     assert "cifar10_quick" in text and "145,578" in text and "resnet110" in text
+    assert "recipe: --dataset cifar10 --epochs 10 --batch-size 100 --optimizer sgd" in text
+    assert "--no-augment\n" in text
+    assert "with BatchNorm after every convolution, for 32x32 images\n" in text
+
+
+def _epochs(out):
+    return [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_metrics_hold_the_checkpoints_epochs(mnist_root, tmp_path, monkeypatch):
+    import minidl.train as T
+    kw = dict(limit_train=64, epochs=2)
+    out, copy, other = tmp_path / "run", tmp_path / "copy", tmp_path / "other"
+    real_save = T.checkpoint.save
+
+    def fail_second(path, *a, epoch, **k):  # as a kill after an epoch's metrics line
+        if epoch == 2:
+            raise KeyboardInterrupt
+        real_save(path, *a, epoch=epoch, **k)
+
+    monkeypatch.setattr(T.checkpoint, "save", fail_second)
+    with pytest.raises(KeyboardInterrupt):
+        train(lenet_config(mnist_root, out, **kw), log=lambda *a: None)
+    monkeypatch.setattr(T.checkpoint, "save", real_save)
+    assert _epochs(out) == [1, 2]  # the checkpoint holds 1
+    ckpt = str(out / "checkpoint.safetensors")
+    resume = dict(data=str(mnist_root), progress=False, download=False)
+    train(TrainConfig(resume=ckpt, out=str(out), **resume), log=lambda *a: None)
+    assert _epochs(out) == [1, 2]
+    # another directory: the checkpoint's epochs first, whatever was there with overwrite
+    train(TrainConfig(resume=ckpt, out=str(copy), epochs=3, **resume), log=lambda *a: None)
+    assert _epochs(copy) == [1, 2, 3]
+    train(lenet_config(mnist_root, other, limit_train=64, epochs=1, seed=5), log=lambda *a: None)
+    train(TrainConfig(resume=ckpt, out=str(other), epochs=3, overwrite=True, **resume),
+          log=lambda *a: None)
+    assert _epochs(other) == [1, 2, 3]
+    with pytest.raises(ValueError, match="has trained 2 of 2 epochs already: give --epochs "
+                       "above 2 to extend the run"):
+        train(TrainConfig(resume=ckpt, out=str(out), **resume), log=lambda *a: None)
+
+
+def test_the_data_root_is_kept_absolute(mnist_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(mnist_root.parent)
+    out = tmp_path / "run"
+    train(lenet_config(mnist_root.name, out, epochs=1, limit_train=64), log=lambda *a: None)
+    assert checkpoint.load(out / "checkpoint.safetensors")[2]["config"]["data"] == str(mnist_root)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert run_cli("eval", "--checkpoint", out / "checkpoint.safetensors", "--no-download") == 0
+    assert "lenet after 1 epoch on mnist" in capsys.readouterr().out
+
+
+def test_eval_of_a_checkpoint_from_another_version(mnist_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(lenet_config(mnist_root, out, epochs=1, limit_train=64), log=lambda *a: None)
+    tensors, meta = safetensors.load(out / "checkpoint.safetensors")
+    config = json.loads(meta["config"])
+    for change, result in (({**config, "a_later_setting": 1}, "test accuracy"),
+                           (None, "names no data set this version knows (None): give --dataset"),
+                           ({**config, "dataset": "imagenet"}, "('imagenet'): give --dataset")):
+        path = tmp_path / "other.safetensors"
+        safetensors.save(path, tensors, {**meta, "config": json.dumps(change)})
+        code = run_cli("eval", "--checkpoint", path, "--no-download")
+        text = capsys.readouterr()
+        assert result in (text.out if code == 0 else text.err), text
+
+
+def test_ctrl_c_is_one_line(monkeypatch, capsys):
+    import minidl.train as T
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(T, "train", interrupted)
+    assert run_cli("train", "--model", "lenet") == 130
+    assert capsys.readouterr().err == ("minidl train: interrupted (train: --resume the "
+                                      "checkpoint in --out to go on)\n")
+
+
+def test_a_layer_named_optimizer_is_refused_by_checkpoints(tmp_path):
+    from minidl import nn
+    from minidl.graph import Net
+    net = Net((4,), "c")
+    net.add("optimizer", nn.Linear(out_features=3))
+    net.initialize(0)
+    with pytest.raises(ValueError, match="'optimizer.weight' starts with 'optimizer.'"):
+        checkpoint.save(tmp_path / "c.safetensors", net, None)
+    assert not (tmp_path / "c.safetensors").exists()
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
