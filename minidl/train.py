@@ -72,6 +72,9 @@ class TrainConfig:
             if values[name] is None:
                 values[name] = default
         recipe = models.info(values["model"])["train"]
+        if values["optimizer"] not in (None, recipe.get("optimizer")):
+            # the recipe's rate and momentum are for its own optimizer
+            recipe = {k: v for k, v in recipe.items() if k not in ("lr", "momentum")}
         for f in fields(self):
             if values[f.name] is None and f.name in recipe:
                 values[f.name] = recipe[f.name]
@@ -119,7 +122,12 @@ def _check(cfg: TrainConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if cfg.lr is None or not 0 < cfg.lr < math.inf:
+    if cfg.lr is None:
+        raise ValueError(f"give --lr: the recipe of {cfg.model} has none for {cfg.optimizer}")
+    if cfg.optimizer != "sgd" and (cfg.momentum or cfg.nesterov) and not cfg.resume:
+        raise ValueError(f"momentum and nesterov are sgd's; {cfg.optimizer} has its own "
+                         "betas")
+    if not 0 < cfg.lr < math.inf:
         raise ValueError(f"lr must be a positive finite number, got {cfg.lr!r}")
     for name in ("momentum", "weight_decay", "warmup_epochs"):
         v = getattr(cfg, name)
@@ -175,9 +183,12 @@ def make_loader(cfg: TrainConfig, train: bool, shard=(0, 1)):
     # whose forward fits wherever its training step does
     eval_batch = max(cfg.batch_size, 256) if canonical_name(cfg.device) == "cpu" \
         else cfg.batch_size
-    return data.DataLoader(images, labels, cfg.batch_size if train else eval_batch,
-                           shuffle=train, augment=train and cfg.augment, mean=info.mean,
-                           std=info.std, seed=cfg.seed, shard=shard)
+    try:
+        return data.DataLoader(images, labels, cfg.batch_size if train else eval_batch,
+                               shuffle=train, augment=train and cfg.augment, mean=info.mean,
+                               std=info.std, seed=cfg.seed, shard=shard)
+    except ValueError as e:
+        raise ValueError(f"the {'training' if train else 'test'} set: {e}") from None
 
 
 def train(config: TrainConfig, log=print) -> Dict:

@@ -328,6 +328,9 @@ def test_bad_configurations_are_clear_errors(cifar, tmp_path):
     r = _run(_train_args(cifar, tmp_path / "d", "cifar10_quick", 40, 1, "--grad-exchange",
                          "device"), ranks=2)
     assert r.returncode != 0 and "exchange 'device' needs a device other than the cpu" in r.stderr
+    r = _run(_train_args(cifar, tmp_path / "e", "cifar10_quick", 40, 1, "--limit-test", "1"),
+             ranks=2)
+    assert r.returncode != 0 and "the test set: shard: 1 samples cannot be shared by 2" in r.stderr
 
 
 @mpi

@@ -160,9 +160,22 @@ def test_bad_configuration_is_a_clear_error(mnist_root, tmp_path):
                       (dict(seed=1 << 32), r"seed must be an integer in \[0, 2\^32\)"),
                       (dict(seed=-1), r"seed must be an integer in \[0, 2\^32\)"),
                       (dict(optimizer="lbfgs"), "unknown optimizer 'lbfgs'"),
+                      (dict(optimizer="adam", lr=None), "give --lr: the recipe of lenet has "
+                       "none for adam"),
+                      (dict(optimizer="adam", momentum=0.9), "momentum and nesterov are sgd's"),
+                      (dict(optimizer="adamw", nesterov=True), "momentum and nesterov are sgd's"),
                       (dict(model="nope"), "unknown model 'nope'")):
         with pytest.raises(ValueError, match=match):
             train(lenet_config(mnist_root, tmp_path / "x", **kw), log=lambda *a: None)
+
+
+def test_adam_takes_no_sgd_recipe_settings(mnist_root, tmp_path):
+    out = tmp_path / "adam"
+    train(lenet_config(mnist_root, out, optimizer="adam", lr=1e-3, epochs=1, limit_train=64),
+          log=lambda *a: None)
+    _, opt_state, meta = checkpoint.load(out / "checkpoint.safetensors")
+    assert meta["config"]["momentum"] is None and meta["config"]["lr"] == 1e-3
+    assert any(k.startswith("exp_avg_sq.") for k in opt_state)
 
 
 def test_plot_without_matplotlib_fails_before_training(mnist_root, tmp_path, monkeypatch):
