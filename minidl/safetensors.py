@@ -10,12 +10,13 @@ buffer) and may hold ``"__metadata__"``, a map of strings to strings.  The
 tensors' bytes are little-endian, C order, and together cover the buffer
 exactly, with neither gaps nor overlaps.
 
-``save`` writes tensors in sorted-name order with the header padded with
-spaces to a multiple of 8 bytes, so the same input always gives the same
-bytes; it replaces the file atomically (a crash leaves either the old file or
-the new one, never a mix).  ``load`` checks the whole layout before it trusts
-any offset and raises :class:`SafetensorsError` naming the file and the
-problem.
+``save`` writes tensors with the larger item sizes first, each size in sorted-name
+order, and the header padded with spaces to a multiple of 8 bytes, so every tensor
+starts at a multiple of its item size in the file (as the reference writer does) and
+the same input always gives the same bytes; it replaces the file atomically (a crash
+leaves either the old file or the new one, never a mix).  ``load`` checks the whole
+layout before it trusts any offset and raises :class:`SafetensorsError` naming the
+file and the problem.
 """
 import json
 import math
@@ -91,17 +92,17 @@ def _header_bytes(tensors, metadata) -> Tuple[bytes, list]:
     header = {}
     if metadata:
         header[_METADATA_KEY] = {k: metadata[k] for k in sorted(metadata)}
-    ordered = []
-    offset = 0
-    for name in sorted(tensors):
-        arr = tensors[name]
-        dtype_name = _dtype_name(arr)
-        # (not ascontiguousarray: it turns 0-d arrays into 1-d ones)
-        arr = np.asarray(arr, dtype=DTYPES[dtype_name], order="C")
-        header[name] = {"dtype": dtype_name, "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
-        ordered.append(arr)
+    # (not ascontiguousarray: it turns 0-d arrays into 1-d ones)
+    arrays = {name: np.asarray(arr, dtype=DTYPES[_dtype_name(arr)], order="C")
+              for name, arr in tensors.items()}
+    # item sizes are powers of two: the larger first keeps every offset aligned
+    ordered = sorted(arrays, key=lambda k: (-arrays[k].itemsize, k))
+    begin = dict(zip(ordered, np.cumsum([0] + [arrays[k].nbytes for k in ordered]).tolist()))
+    for name in sorted(arrays):  # the header in name order
+        arr = arrays[name]
+        header[name] = {"dtype": _dtype_name(arr), "shape": list(arr.shape),
+                        "data_offsets": [begin[name], begin[name] + arr.nbytes]}
+    ordered = [arrays[k] for k in ordered]
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return text, ordered
@@ -146,8 +147,9 @@ def _fsync_dir(directory: str) -> None:
 def save(path, tensors: Mapping[str, np.ndarray], metadata: Optional[Mapping[str, str]] = None) -> None:
     """Write ``tensors`` (and string ``metadata``) to ``path`` in safetensors format.
 
-    The bytes depend only on the input: tensors in sorted-name order, header
-    keys in a fixed order (metadata keys sorted), header padded with spaces to a multiple of 8.
+    The bytes depend only on the input: tensors by item size, largest first, then
+    by name (each aligned to its item size), header keys in a fixed order (metadata
+    keys sorted), header padded with spaces to a multiple of 8.
     Arrays of any byte order and memory layout are accepted and written
     little-endian in C order.
 

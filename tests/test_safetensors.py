@@ -117,9 +117,26 @@ def test_bytes_are_deterministic(tmp_path, rng):
     header = json.loads(first[8:8 + n])
     names = [k for k in header if k != "__metadata__"]
     assert names == ["a", "b", "c"]
-    # sorted-name order, contiguous
-    assert [header[k]["data_offsets"] for k in names] == [[0, 60], [60, 92], [92, 96]]
+    # the larger items first (b's), each tensor aligned to its item size, contiguous
+    assert [header[k]["data_offsets"] for k in names] == [[32, 92], [0, 32], [92, 96]]
     assert len(first) == 8 + n + 96
+
+
+def test_every_tensor_starts_at_a_multiple_of_its_item_size(tmp_path, rng):
+    tensors = {"a": np.ones(3, bool), "b": _random(rng, np.float64, (3,)),
+               "c": _random(rng, np.float16, (5,)), "d": _random(rng, np.int32, (1,)),
+               "e": np.arange(7, dtype=np.uint8), "f": _random(rng, np.int64, (2,))}
+    st.save(tmp_path / "m", tensors)
+    raw = (tmp_path / "m").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    assert list(header) == sorted(tensors)
+    for name, arr in tensors.items():
+        begin = header[name]["data_offsets"][0]
+        assert (8 + n + begin) % arr.itemsize == 0, name
+    out, _ = st.load(tmp_path / "m")
+    for name, arr in tensors.items():
+        np.testing.assert_array_equal(out[name], arr)
 
 
 def test_exact_bytes_of_a_small_file(tmp_path):
