@@ -30,14 +30,16 @@ class Node:
     consumers: List[str] = field(default_factory=list)
 
 
-def checked_state_value(name: str, value, shape) -> np.ndarray:
+def checked_state_value(name: str, value, shape, integer: bool = False) -> np.ndarray:
     """A value that load_state_dict may copy into an array of `shape`: numbers of that
-    shape."""
+    shape, and whole ones for an integer array (a float NaN would become -2^63)."""
     src = np.asarray(value)
     if src.dtype.kind not in "iuf":
         raise TypeError(f"{name}: expected an array of numbers, got dtype {src.dtype}")
     if src.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {src.shape}")
+    if integer and src.dtype.kind == "f" and not (np.isfinite(src) & (src == np.trunc(src))).all():
+        raise ValueError(f"{name}: expected whole numbers, got {src.ravel()[:5]}")
     return src
 
 
@@ -143,7 +145,9 @@ class Net:
         if missing or extra:
             raise KeyError(f"state does not match net {self.name!r}: missing {missing[:5]}, "
                            f"unexpected {extra[:5]}")
-        sources = {k: checked_state_value(k, state[k], dst.shape) for k, dst in targets.items()}
+        sources = {k: checked_state_value(k, state[k], dst.shape,
+                                          integer=np.dtype(dst.dtype).kind in "iu")
+                   for k, dst in targets.items()}
         for k, dst in targets.items():  # all checked first: nothing changes on an error
             copy_into(dst, sources[k])
 

@@ -95,7 +95,7 @@ class Optimizer:
         sources = {(slot, k): checked_state_value(f"optimizer state {slot}.{k}",
                                               state[f"{slot}.{k}"], a.shape)
                    for slot, arrays in self.state.items() for k, a in arrays.items()}
-        steps = checked_state_value("optimizer state steps", state["steps"], ())
+        steps = checked_state_value("optimizer state steps", state["steps"], (), integer=True)
         for (slot, k), src in sources.items():  # all checked first: nothing changes on an error
             copy_into(self.state[slot][k], src)
         self.steps = int(steps)

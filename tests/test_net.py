@@ -127,7 +127,10 @@ def test_state_dict_round_trip_and_errors():
     for key, value, error, message in (
             ("fc.bias", np.zeros(3, np.float32), ValueError, "fc.bias: expected shape \\(10,\\)"),
             ("fc.weight", np.full((10, 64), "x"), TypeError, "fc.weight: expected an array of numbers"),
-            ("fc.weight", np.ones((10, 64), bool), TypeError, "expected an array of numbers")):
+            ("fc.weight", np.ones((10, 64), bool), TypeError, "expected an array of numbers"),
+            ("layer3.2.bn2.num_batches_tracked", np.array(np.nan), ValueError,
+             "num_batches_tracked: expected whole numbers, got \\[nan\\]"),
+            ("bn1.num_batches_tracked", np.array(2.5), ValueError, "expected whole numbers")):
         state = a.state_dict()
         state[key] = value
         with pytest.raises(error, match=message):

@@ -94,7 +94,8 @@ def test_state_round_trip_continues_identically(rng):
         b.load_state_dict({"steps": np.array(1)})
     before = b.state_dict()
     for key, value, message in (("momentum_buffer.p1", np.zeros(2, np.float32), "expected shape"),
-                                ("steps", np.array("x"), "steps: expected an array of numbers")):
+                                ("steps", np.array("x"), "steps: expected an array of numbers"),
+                                ("steps", np.array(np.inf), "steps: expected whole numbers")):
         bad = dict(a.state_dict(), **{key: value})
         with pytest.raises((TypeError, ValueError), match=message):
             b.load_state_dict(bad)
