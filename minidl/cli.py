@@ -96,9 +96,8 @@ def _train(a):
 
 
 def _eval(a):
-    from minidl import checkpoint
+    from minidl import checkpoint, data
     from minidl.runtime import Executor
-    from minidl import data
     from minidl.train import TrainConfig, _plural, evaluate, make_loader
     if a.threads is not None:
         minidl.set_num_threads(a.threads)

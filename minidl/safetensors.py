@@ -96,16 +96,15 @@ def _header_bytes(tensors, metadata) -> Tuple[bytes, list]:
     arrays = {name: np.asarray(arr, dtype=DTYPES[_dtype_name(arr)], order="C")
               for name, arr in tensors.items()}
     # item sizes are powers of two: the larger first keeps every offset aligned
-    ordered = sorted(arrays, key=lambda k: (-arrays[k].itemsize, k))
-    begin = dict(zip(ordered, np.cumsum([0] + [arrays[k].nbytes for k in ordered]).tolist()))
+    order = sorted(arrays, key=lambda k: (-arrays[k].itemsize, k))
+    begin = dict(zip(order, np.cumsum([0] + [arrays[k].nbytes for k in order]).tolist()))
     for name in sorted(arrays):  # the header in name order
         arr = arrays[name]
         header[name] = {"dtype": _dtype_name(arr), "shape": list(arr.shape),
                         "data_offsets": [begin[name], begin[name] + arr.nbytes]}
-    ordered = [arrays[k] for k in ordered]
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    return text, ordered
+    return text, [arrays[k] for k in order]
 
 
 def _write_arrays(f, header: bytes, arrays) -> None:
