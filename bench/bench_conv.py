@@ -1,6 +1,6 @@
 """Convolution layers of cifar10_quick (batch 100) and resnet20 (batch 128), one op at a time.
 
-    python3 bench/bench_conv.py [--threads 2] [--reps 5] [--json PATH]
+    python3 bench/bench_conv.py [--threads 2] [--reps 5] [--layers nets|off-path] [--json PATH]
     python3 bench/bench_conv.py --against OTHER_TREE [--rounds 5]
 
 Times forward, backward-data and backward-weights of every distinct convolution
@@ -36,19 +36,32 @@ LAYERS = [
     ("r20.3x3.64", 128, 64, 8, 8, 64, 3, 1, 1),
     ("r20.1x1.32-64/2", 128, 32, 16, 16, 64, 1, 2, 0),
 ]
+# shapes off the CIFAR nets' path: deep layers in batches of 1-8 (few Winograd tiles
+# a call), 1x1 kernels on maps of 1x1 and 2x2 (few pixels an image)
+OFF_PATH = [
+    ("512@4x4 n1", 1, 512, 4, 4, 512, 3, 1, 1),
+    ("512@4x4 n8", 8, 512, 4, 4, 512, 3, 1, 1),
+    ("256@8x8 n1", 1, 256, 8, 8, 256, 3, 1, 1),
+    ("512@7x7 n1", 1, 512, 7, 7, 512, 3, 1, 1),
+    ("128@8x8 n1", 1, 128, 8, 8, 128, 3, 1, 1),
+    ("1x1 256@1x1 n64", 64, 256, 1, 1, 256, 1, 1, 0),
+    ("1x1 512@2x2 n128", 128, 512, 2, 2, 512, 1, 1, 0),
+    ("1x1 1024@1x1 n8", 8, 1024, 1, 1, 1000, 1, 1, 0),
+]
+LAYER_SETS = {"nets": LAYERS, "off-path": OFF_PATH}
 # how many times each shape occurs in its net (for the per-net totals)
 COUNT = {"r20.3x3.16": 6, "r20.3x3.32": 5, "r20.3x3.64": 5}
 OPS = ("forward", "backward_data", "backward_weights")
 
 
-def measure(threads, reps):
+def measure(threads, reps, layers="nets"):
     import numpy as np
     import minidl
     from minidl import _C
     minidl.set_num_threads(threads)
     rng = np.random.default_rng(0)
     out = {}
-    for name, n, ci, h, w, co, k, st, pad in LAYERS:
+    for name, n, ci, h, w, co, k, st, pad in LAYER_SETS[layers]:
         shape = (n, ci, h, w, co, k, k, st, st, pad, pad)
         ho, wo = _C.conv2d_output_size(shape)
         x = rng.standard_normal(n * ci * h * w, dtype=np.float32)
@@ -75,10 +88,10 @@ def measure(threads, reps):
     return out
 
 
-def child(tree, threads, reps):
+def child(tree, threads, reps, layers):
     env = dict(os.environ, PYTHONPATH=tree)
     code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import bench_conv; "
-            f"print(json.dumps(bench_conv.measure({threads}, {reps})))")
+            f"print(json.dumps(bench_conv.measure({threads}, {reps}, {layers!r})))")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        check=True, cwd="/")
     return json.loads(r.stdout)
@@ -104,18 +117,20 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--against", metavar="TREE", help="another source tree to compare with")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--layers", choices=sorted(LAYER_SETS), default="nets",
+                   help="the nets' shapes, or shapes off their path")
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args()
     if not a.against:
         sys.path.append(ROOT)  # after PYTHONPATH: an installed or chosen minidl wins
-        res = measure(a.threads, a.reps)
+        res = measure(a.threads, a.reps, a.layers)
         table(res)
         report = {"threads": a.threads, "layers": res}
     else:
         runs = {"this": [], "other": []}
         for _ in range(a.rounds):
-            runs["other"].append(child(os.path.abspath(a.against), a.threads, a.reps))
-            runs["this"].append(child(ROOT, a.threads, a.reps))
+            runs["other"].append(child(os.path.abspath(a.against), a.threads, a.reps, a.layers))
+            runs["this"].append(child(ROOT, a.threads, a.reps, a.layers))
         med = {side: {name: {op: {"ms": statistics.median(r[name][op]["ms"] for r in rs)}
                              for op in OPS} for name in rs[0]} for side, rs in runs.items()}
         for name in med["this"]:

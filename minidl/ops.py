@@ -390,11 +390,11 @@ def conv2d_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, stride: Int
             if a is not None:
                 _fill(a, 0.0)
         return dx, dw, db
-    if k is _C:  # both gradients in one call, which reads dy once where it can
-        ws = np.empty(-(-_C.conv2d_workspace_size(shape) // 4), np.float32)
+    if k is _C:  # both gradients in one call, which reads dy once where it can, in the
+        # core's own workspace, kept from call to call (a fresh one had every page zeroed)
         k.conv2d_backward(shape, x.reshape(-1), x_scale, x_shift, bool(x_relu), dy.reshape(-1),
                           w.reshape(-1), None if dx is None else dx.reshape(-1),
-                          add_dx_to is not None, dw.reshape(-1), False, ws)
+                          add_dx_to is not None, dw.reshape(-1), False, None)
     else:  # one workspace for both calls
         ws = _workspace(k, x, "conv2d_workspace_size", shape)
         if add_dx_to is not None:

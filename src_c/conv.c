@@ -59,6 +59,18 @@
  * multiplications it saves; its F(2x2, 5x5) never won) */
 #define WINOGRAD_MIN_C 64
 #define WINOGRAD_MIN_WO 16
+/* MDL_CONV_AUTO: Winograd for a call of at least this many 4x4 output tiles (all its
+ * images'): transforming the weights (and the weight gradient back) costs the same
+ * for one image as for a batch, and with few tiles the GEMM's products are cheaper
+ * (AMD Zen 3, AVX2, 2 threads, against the GEMM: 512 -> 512 at 4x4, forward, 1 tile
+ * 5.4x the GEMM's time, 8 tiles 1.9x, 16 tiles 1.01x, 32 0.63x; 128 -> 128 at 8x8,
+ * 4 tiles 1.26x, 16 tiles 0.91x; 64 -> 64, 4 tiles 1.32x).  The weight gradient of more
+ * than 256 x 256 channels, whose partial sums in double (36 c_in c_out of them) leave
+ * the cache, from more (512 -> 512: 32 tiles 1.30x, 64 tiles 0.90x; 256 -> 256: 8 tiles
+ * 0.89x, 16 tiles 0.67x) (bench/NOTES.md) */
+#define WINOGRAD_MIN_TILES 16
+#define WINOGRAD_GRAD_BIG_CC (256 * 256)
+#define WINOGRAD_GRAD_BIG_MIN_TILES 64
 /* winograd_avx512.c and winograd8_avx2.c, which sum over the channels (or the weight
  * gradient's tiles) in registers per chunk of a few tiles, up to c_in * c_out = 128 *
  * 256 for the forward and the data gradient, 256 * 256 for them with outputs at least
@@ -227,6 +239,12 @@ static size_t phase_floats(const mdl_conv2d_shape *s)
  * of 2x2 or 4x4 gave the GEMM 4 or 16, and the weight gradient a pass over its whole
  * partial dw per image); not for a pointwise kernel, which reads the image in place */
 #define GROUP_COLUMNS 32
+/* A 1x1 kernel (stride 1, no padding) reads each image in place as its own column
+ * matrix, one product per image; with fewer output pixels than this, such products
+ * are a few columns wide and the images' copies side by side in groups pay (AMD Zen 3,
+ * 2 threads, batch 64-128, forward, data and weight gradients: 256 -> 256 at 1x1
+ * 1.9-2.2x, 512 -> 512 at 2x2 3.0x, 128 -> 128 at 2x2 1.3-1.7x; at 4x4 0.5-0.8x) */
+#define POINTWISE_MIN_P 8
 static int64_t im2col_group(int64_t P, int pointwise)
 {
     return pointwise || P >= GROUP_COLUMNS ? 1 : (GROUP_COLUMNS + P - 1) / P;
@@ -444,6 +462,12 @@ static int use_winograd(const mdl_conv2d_shape *s, int64_t wo, int grad)
     mdl_conv_algo a = mdl_get_conv_algo();
     if (a == MDL_CONV_GEMM) return GEMM;
     const int64_t cc = s->c_in * s->c_out;
+    if (a == MDL_CONV_AUTO) {
+        const int64_t ho = (s->h + 2 * s->pad_h - s->kh) / s->stride_h + 1;
+        if (s->n * wino_tiles(s, ho, wo) <
+            (grad && cc > WINOGRAD_GRAD_BIG_CC ? WINOGRAD_GRAD_BIG_MIN_TILES : WINOGRAD_MIN_TILES))
+            return GEMM;
+    }
     const int sums = wino_by_sgemm(s, wo, grad);
     if (mdl_use_avx512() && mdl_winograd_avx512_applies(s)) return sums ? WINO_SUMS : WINO_CHANNELS;
     if (mdl_use_avx2() && mdl_winograd8_applies(s) &&
@@ -600,7 +624,7 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
     g->K = s->c_in * s->kh * s->kw;
     g->P = g->ho * g->wo;
     g->pointwise = s->kh == 1 && s->kw == 1 && s->stride_h == 1 && s->stride_w == 1 &&
-                   s->pad_h == 0 && s->pad_w == 0;
+                   s->pad_h == 0 && s->pad_w == 0 && (g->P >= POINTWISE_MIN_P || s->n == 1);
     mdl_conv2d_shape t;
     data_phases dp;
     g->direct_data = transposed_shape(s, g, &t);

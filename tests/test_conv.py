@@ -20,6 +20,8 @@ CASES = [
     (1, 1, 1, 1, 1, 1, 1, 1, 0),              # everything 1
     (2, 5, 7, 7, 13, 1, 1, 1, 0),             # 1x1, stride 1, no padding: no im2col
     (2, 5, 1, 1, 3, 1, 1, 1, 0),              # 1x1 spatial, 1x1 kernel
+    (33, 24, 2, 2, 40, 1, 1, 1, 0),           # 1x1 kernel, few pixels: images in groups
+    (9, 16, 1, 3, 8, 1, 1, 1, 0),             # ... 11 images a group: one, short
     (1, 6, 1, 1, 9, 3, 3, 1, 1),              # 1x1 spatial, padding only around it
     (1, 13, 6, 5, 3, 1, 1, 2, 0),             # 1x1 kernel with stride 2
     (1, 13, 6, 5, 3, 1, 1, 1, 1),             # 1x1 kernel with padding
@@ -410,7 +412,7 @@ def test_accumulate_and_overwrite(simd, rng, case):
     assert_close(dx, rdx + dx0, "conv", "dx +=")
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7], CASES[-2], BIG[0], BIG[3],
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4], CASES[9], CASES[-2], BIG[0], BIG[3],
                                   (32, 16, 2, 2, 24, 3, 3, 1, 1)], ids=ids)
 def test_forward_epilogue(simd, threads, rng, case):
     """conv2d_forward_ex: bias and ReLU applied and the channel sums of the final y

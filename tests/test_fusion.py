@@ -27,6 +27,7 @@ CASES = [
     (2, 5, 7, 7, 13, 1, 1, 1, 0),
     (2, 6, 16, 16, 5, 1, 1, 2, 0),
     (1, 1, 1, 1, 1, 1, 1, 1, 0),
+    (33, 8, 2, 2, 6, 1, 1, 1, 0),  # 1x1 kernel, few pixels: the images side by side
     (16, 4, 2, 2, 5, 3, 3, 1, 1),  # dense weights: the mapped input copied whole
     (17, 17, 4, 4, 19, 3, 3, 1, 1),  # batched: the map applied as the batch planes are made
 ]
