@@ -2,6 +2,7 @@
 
     python3 bench/bench_conv.py [--threads 2] [--reps 5] [--layers nets|off-path] [--json PATH]
     python3 bench/bench_conv.py --against OTHER_TREE [--rounds 5]
+    python3 bench/bench_conv.py --torch-python PY [--rounds 5]
 
 Times forward, backward-data and backward-weights of every distinct convolution
 shape of the two nets through minidl.ops (best of --reps calls each) and prints
@@ -9,7 +10,9 @@ ms and GFLOP/s.  With --against, the same measurement runs alternately in fresh
 processes importing this tree's minidl and OTHER_TREE's (A B A B ..., --rounds
 each), and the table gives each side's median and the median per-round ratio
 other / this (above 1: this tree is faster): the before/after figures of
-bench/NOTES.md.
+bench/NOTES.md.  With --torch-python, the other side is PyTorch (torch.conv2d and
+torch.nn.grad's conv2d_input and conv2d_weight) run by that interpreter, and the
+ratio is PyTorch's time / minidl's.
 """
 import argparse
 import json
@@ -88,11 +91,41 @@ def measure(threads, reps, layers="nets"):
     return out
 
 
-def child(tree, threads, reps, layers):
+def measure_torch(threads, reps, layers="nets"):
+    """measure's table for PyTorch's convolutions on the same shapes."""
+    import torch
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, n, ci, h, w, co, k, st, pad in LAYER_SETS[layers]:
+        x = torch.randn(n, ci, h, w, generator=g)
+        wt = torch.randn(co, ci, k, k, generator=g) * 0.1
+        y = torch.conv2d(x, wt, None, st, pad)
+        dy = torch.randn(y.shape, generator=g)
+        calls = {
+            "forward": lambda: torch.conv2d(x, wt, None, st, pad),
+            "backward_data": lambda: torch.nn.grad.conv2d_input(x.shape, wt, dy, st, pad),
+            "backward_weights": lambda: torch.nn.grad.conv2d_weight(x, wt.shape, dy, st, pad),
+        }
+        row = {}
+        with torch.no_grad():
+            for op, fn in calls.items():
+                fn()
+                best = float("inf")
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    fn()
+                    best = min(best, time.perf_counter() - t0)
+                row[op] = {"ms": best * 1e3}
+        out[name] = row
+    return out
+
+
+def child(tree, threads, reps, layers, python=sys.executable, fn="measure"):
     env = dict(os.environ, PYTHONPATH=tree)
     code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import bench_conv; "
-            f"print(json.dumps(bench_conv.measure({threads}, {reps}, {layers!r})))")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+            f"print(json.dumps(bench_conv.{fn}({threads}, {reps}, {layers!r})))")
+    r = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True,
                        check=True, cwd="/")
     return json.loads(r.stdout)
 
@@ -116,12 +149,14 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--against", metavar="TREE", help="another source tree to compare with")
+    p.add_argument("--torch-python", metavar="PY",
+                   help="a Python with torch: PyTorch is the other side")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--layers", choices=sorted(LAYER_SETS), default="nets",
                    help="the nets' shapes, or shapes off their path")
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args()
-    if not a.against:
+    if not a.against and not a.torch_python:
         sys.path.append(ROOT)  # after PYTHONPATH: an installed or chosen minidl wins
         res = measure(a.threads, a.reps, a.layers)
         table(res)
@@ -129,7 +164,10 @@ def main():
     else:
         runs = {"this": [], "other": []}
         for _ in range(a.rounds):
-            runs["other"].append(child(os.path.abspath(a.against), a.threads, a.reps, a.layers))
+            runs["other"].append(
+                child(ROOT, a.threads, a.reps, a.layers, a.torch_python, "measure_torch")
+                if a.torch_python else
+                child(os.path.abspath(a.against), a.threads, a.reps, a.layers))
             runs["this"].append(child(ROOT, a.threads, a.reps, a.layers))
         med = {side: {name: {op: {"ms": statistics.median(r[name][op]["ms"] for r in rs)}
                              for op in OPS} for name in rs[0]} for side, rs in runs.items()}
@@ -139,8 +177,8 @@ def main():
                     o[name][op]["ms"] / t[name][op]["ms"]
                     for o, t in zip(runs["other"], runs["this"]))
         table(med["this"], med["other"])
-        report = {"threads": a.threads, "rounds": a.rounds, "against": a.against,
-                  "median": med, "runs": runs}
+        report = {"threads": a.threads, "rounds": a.rounds,
+                  "against": a.against or f"torch ({a.torch_python})", "median": med, "runs": runs}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
