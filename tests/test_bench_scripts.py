@@ -1,6 +1,7 @@
 """bench/bench_cpu.py's and bench/bench_layers.py's arithmetic and tables, on made-up
 samples (no torch, no timing), bench/bench_gemm.py's SGEMM case, (where torch is
-installed) bench/torch_nets.py's per-layer profile, and bench/'s C programs."""
+installed) bench/torch_nets.py's per-layer profile, bench/bench_conv.py's off-path
+shapes (and PyTorch's, where installed), and bench/'s C programs."""
 import json
 import os
 import shutil
@@ -329,3 +330,17 @@ def test_bench_c_programs_build_and_sgemm_c_runs(tmp_path):
         out = subprocess.run([sgemm, *args], capture_output=True, text=True, check=True)
         assert float(out.stdout) > 0
     assert subprocess.run([sgemm, "64", "1"], capture_output=True).returncode == 2
+
+
+def test_bench_conv_times_every_off_path_shape_and_direction():
+    import bench_conv
+    sets = [bench_conv.measure(1, 1, "off-path")]
+    try:
+        import torch  # noqa: F401
+        sets.append(bench_conv.measure_torch(1, 1, "off-path"))
+    except ImportError:
+        pass
+    for res in sets:
+        assert list(res) == [row[0] for row in bench_conv.OFF_PATH]
+        for row in res.values():
+            assert set(row) == set(bench_conv.OPS) and all(v["ms"] > 0 for v in row.values())
