@@ -245,6 +245,9 @@ static size_t phase_floats(const mdl_conv2d_shape *s)
  * 2 threads, batch 64-128, forward, data and weight gradients: 256 -> 256 at 1x1
  * 1.9-2.2x, 512 -> 512 at 2x2 3.0x, 128 -> 128 at 2x2 1.3-1.7x; at 4x4 0.5-0.8x) */
 #define POINTWISE_MIN_P 8
+/* per_image's split of an image's output rows among the threads, from this many
+ * micro-panels of rows a thread */
+#define SPLIT_ROWS_MIN_PANELS 4
 static int64_t im2col_group(int64_t P, int pointwise)
 {
     return pointwise || P >= GROUP_COLUMNS ? 1 : (GROUP_COLUMNS + P - 1) / P;
@@ -1174,6 +1177,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P;
     const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
+    const int nr = (size_t)nt > fit ? (int)fit : nt; /* threads for a split of the rows */
     if (nt > s->n) nt = (int)s->n;
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
@@ -1202,6 +1206,55 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
      * does not depend on its unit. */
     const int64_t unit = channels ? group : batched ? BATCH_IMAGES : igroup;
     const int64_t units = (s->n + unit - 1) / unit;
+    /* Fewer images than threads on the GEMM's path: the threads share each image's
+     * product by rows of its output instead, whole micro-panels each, so that every
+     * value is computed as by one thread (SPLIT_ROWS_MIN_PANELS) */
+    const int64_t panels = (c_out + MDL_SGEMM_AVX2_MR - 1) / MDL_SGEMM_AVX2_MR;
+    if (s->n < nr && !channels && !batched && !in_place && !wino &&
+        panels >= SPLIT_ROWS_MIN_PANELS * nr) {
+#pragma omp parallel num_threads(nr)
+        {
+            int t, T;
+            MDL_THREAD_ID(t, T);
+            float *col = thread_ws + t * (g->per_thread / sizeof(float));
+            float *bbuf = col + col_floats + out_floats, *end = pool_buffer(g, ws, t);
+            const int64_t r0 = panels * t / T * MDL_SGEMM_AVX2_MR;
+            const int64_t r1 = t + 1 == T ? c_out : panels * (t + 1) / T * MDL_SGEMM_AVX2_MR;
+            for (int64_t b = 0; b < s->n; b++) {
+                /* each value as the image's own path computes it: where images go in
+                 * groups, the product into a buffer, then spread with the epilogue and
+                 * summed; else the epilogue and the sums in the tiles */
+                double *sb = sums ? sums + b * 2 * c_out : NULL;
+                mdl_epilogue ep = {bias, relu, NULL, NULL};
+                if (sb) {
+                    for (int64_t c = r0; c < r1; c++) sb[c] = sb[c_out + c] = 0.0;
+                    if (igroup == 1) ep.row_sum = sb, ep.row_sumsq = sb + c_out;
+                }
+                const float *src = input_image(s, x, b, in, end);
+                if (!g->pointwise) {
+                    mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
+                    src = col;
+                }
+                float *out = pl ? end : y + b * c_out * P, *obuf = col + col_floats;
+                if (igroup > 1) {
+                    mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, 0.0f, obuf,
+                                               P, NULL, bbuf);
+                    spread(r1 - r0, P, P, obuf + r0 * P, bias ? bias + r0 : NULL, relu, beta,
+                           out + r0 * P);
+                    if (sb)
+                        mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0,
+                                               sb + c_out + r0);
+                } else {
+                    mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, beta, out,
+                                               P, bias || relu || sb ? &ep : NULL, bbuf);
+                }
+                if (pl)
+                    mdl_pool_planes(&pl->g, pl->avg, pl->relu, r1 - r0, end + r0 * P,
+                                    y + (b * c_out + r0) * pl->g.ho * pl->g.wo);
+            }
+        }
+        return;
+    }
 #pragma omp parallel num_threads(nt)
     {
         int t, T;

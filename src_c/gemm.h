@@ -67,6 +67,13 @@ void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const
 void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf);
+/* Its rows [i0, i1) of C only (i0 a multiple of 6, the micro-panels' rows), exactly as
+ * the whole product computes them: threads may share one product's rows. */
+void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, int64_t n,
+                                int64_t k, const float *pa, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc, const mdl_epilogue *ep,
+                                float *bbuf);
+#define MDL_SGEMM_AVX2_MR 6
 /* The same contract for the blocked AVX-512F SGEMM (gemm_avx512.c). */
 size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k);
 void mdl_sgemm_avx512(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -22,6 +22,7 @@
 #include "simd_avx2.h"
 
 #define MR 6
+_Static_assert(MR == MDL_SGEMM_AVX2_MR, "gemm.h's MR");
 #define SHORT_K 32
 #define SHORT_MR MR /* a tile's 6 rows already fit L1's 8 ways (gemm_blocked.h's tile_rows) */
 #define NR 16
@@ -394,17 +395,19 @@ size_t mdl_sgemm_avx2_packed_a_floats(int64_t m, int64_t k)
 }
 
 /* K block pc (of plan_blocks' kc) starts at pa + pc * round_up(m, MR); in it, row
- * panel q at + q * MR * kb, packed as pack_a does. */
+ * panel q at + q * MR * kb, packed as pack_a does; the panels shared among the threads
+ * (a convolution's weights, packed each call: for one image of 512 x 512 channels at
+ * 4x4, a quarter of the call on one thread) */
 void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const float *a,
                            int64_t lda, float *pa)
 {
-    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
-    for (int64_t pc = 0; pc < k; pc += kc) {
-        const int64_t kb = k - pc < kc ? k - pc : kc;
-        for (int64_t q = 0; q * MR < m; q++) {
-            int64_t rows = m - q * MR < MR ? m - q * MR : MR;
-            pack_a(trans_a, a, lda, q * MR, pc, (int)rows, kb, alpha, pa + pc * mp + q * MR * kb);
-        }
+    const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR), nq = mp / MR;
+    const int64_t units = (k + kc - 1) / kc * nq;
+#pragma omp parallel for schedule(static) num_threads(mdl_threads_for((double)m * k))
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t pc = u / nq * kc, q = u % nq, kb = k - pc < kc ? k - pc : kc;
+        const int64_t rows = m - q * MR < MR ? m - q * MR : MR;
+        pack_a(trans_a, a, lda, q * MR, pc, (int)rows, kb, alpha, pa + pc * mp + q * MR * kb);
     }
 }
 
@@ -423,6 +426,14 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf)
 {
+    mdl_sgemm_avx2_packed_rows(trans_b, m, 0, m, n, k, pa, b, ldb, beta, c, ldc, ep, bbuf);
+}
+
+void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, int64_t n,
+                                int64_t k, const float *pa, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc, const mdl_epilogue *ep,
+                                float *bbuf)
+{
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
         const int64_t kb = k - pc < kc ? k - pc : kc;
@@ -434,8 +445,8 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
                 pack_b(trans_b, b, ldb, jc + j, pc, nc - j < NR ? (int)(nc - j) : NR, kb,
                        bbuf + j * kb);
             /* each row's tiles in column order, as before the blocking: the same sums */
-            for (int64_t i = 0; i < m; i += MR) {
-                const int rows = m - i < MR ? (int)(m - i) : MR;
+            for (int64_t i = i0; i < i1; i += MR) {
+                const int rows = i1 - i < MR ? (int)(i1 - i) : MR;
                 for (int64_t j = 0; j < nc; j += NR)
                     tile(rows, kb, pa + pc * mp + i * kb, 0, bbuf + j * kb, 0, NULL, 0,
                          c + i * ldc + jc + j, ldc, nc - j < NR ? (int)(nc - j) : NR, beta_eff,

@@ -153,6 +153,40 @@ def test_conv_threads(simd, threads, rng, case):
     check_all(rng, case, True)
 
 
+@pytest.mark.parametrize("case", [(1, 24, 4, 4, 64, 3, 3, 1, 1), (2, 16, 7, 5, 100, 3, 3, 1, 1),
+                                  (1, 96, 4, 4, 64, 3, 3, 1, 1), (1, 64, 3, 3, 60, 1, 1, 1, 0)],
+                         ids=ids)
+def test_fewer_images_than_threads_share_rows(simd, rng, case):
+    """An image's output rows split among the threads (fewer images than threads, on
+    the GEMM's path; the data gradient's likewise): every value as on one thread, the
+    epilogue, the channel sums, the input map, the pooling and adding to dx included."""
+    x, wt, b, kw = make(rng, case)
+    dy = f32(rng, *ops.conv2d(x, wt, **kw).shape)
+    scale, shift, base = f32(rng, x.shape[1]), f32(rng, x.shape[1]), f32(rng, *x.shape)
+    before = minidl.get_num_threads()
+    results = []
+    try:
+        for nt in (1, 2, 3):
+            minidl.set_num_threads(nt)
+            _C.set_min_parallel_work(0)
+            results.append((ops.conv2d(x, wt, b, relu=True, **kw),
+                            *ops.conv2d_fused(x, wt, b, x_scale=scale, x_shift=shift, x_relu=True,
+                                              relu=True, stats=True, **kw),
+                            ops.conv2d_pooled(x, wt, b, relu=True, kernel_size=2, ceil_mode=True,
+                                              **kw),
+                            ops.conv2d_backward(x, wt, dy, **kw)[0],
+                            ops.conv2d_backward(x, wt, dy, add_dx_to=base.copy(), **kw)[0]))
+    finally:
+        minidl.set_num_threads(before)
+        _C.set_min_parallel_work(65536)
+    y = ref.conv2d(x.astype(np.float64), wt.astype(np.float64), b, **ref_kw(kw))
+    assert_close(results[0][0], np.maximum(y, 0), "conv", "y")
+    assert_close(results[0][5], ref.conv2d_backward(x, wt, dy, **ref_kw(kw))[0], "conv", "dx")
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            np.testing.assert_array_equal(a, c)
+
+
 # 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
 # in AVX2 vectors, and F(4x4, 3x3) / F(4x4, 5x5) with channels in AVX-512 vectors (c_in
 # and c_out multiples of 16) or in AVX2 vectors (multiples of 8: at the AVX2 level, and at
