@@ -396,19 +396,29 @@ size_t mdl_sgemm_avx2_packed_a_floats(int64_t m, int64_t k)
 
 /* K block pc (of plan_blocks' kc) starts at pa + pc * round_up(m, MR); in it, row
  * panel q at + q * MR * kb, packed as pack_a does; the panels shared among the threads
- * (a convolution's weights, packed each call: for one image of 512 x 512 channels at
- * 4x4, a quarter of the call on one thread) */
+ * outside a parallel region (a convolution's weights, packed each call: for one image
+ * of 512 x 512 channels at 4x4, a quarter of the call on one thread) */
 void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const float *a,
                            int64_t lda, float *pa)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR), nq = mp / MR;
     const int64_t units = (k + kc - 1) / kc * nq;
-#pragma omp parallel for schedule(static) num_threads(mdl_threads_for((double)m * k))
-    for (int64_t u = 0; u < units; u++) {
-        const int64_t pc = u / nq * kc, q = u % nq, kb = k - pc < kc ? k - pc : kc;
-        const int64_t rows = m - q * MR < MR ? m - q * MR : MR;
-        pack_a(trans_a, a, lda, q * MR, pc, (int)rows, kb, alpha, pa + pc * mp + q * MR * kb);
+#define PACK_UNIT(u)                                                                      \
+    do {                                                                                  \
+        const int64_t pc = (u) / nq * kc, q = (u) % nq, kb = k - pc < kc ? k - pc : kc;   \
+        const int64_t rows = m - q * MR < MR ? m - q * MR : MR;                           \
+        pack_a(trans_a, a, lda, q * MR, pc, (int)rows, kb, alpha, pa + pc * mp + q * MR * kb); \
+    } while (0)
+#ifdef _OPENMP
+    const int nt = omp_in_parallel() ? 1 : mdl_threads_for((double)m * k);
+    if (nt > 1) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t u = 0; u < units; u++) PACK_UNIT(u);
+        return;
     }
+#endif
+    for (int64_t u = 0; u < units; u++) PACK_UNIT(u);
+#undef PACK_UNIT
 }
 
 /* Columns of B that mdl_sgemm_avx2_packed packs at a time: a kc x PACKED_NC block
