@@ -1206,11 +1206,11 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
      * does not depend on its unit. */
     const int64_t unit = channels ? group : batched ? BATCH_IMAGES : igroup;
     const int64_t units = (s->n + unit - 1) / unit;
-    /* Fewer images than threads on the GEMM's path: the threads share each image's
-     * product by rows of its output instead, whole micro-panels each, so that every
-     * value is computed as by one thread (SPLIT_ROWS_MIN_PANELS) */
+    /* Fewer images than threads on the AVX2 GEMM's paths: the threads share each
+     * image's product by rows of its output instead, whole micro-panels each, so that
+     * every value is computed as by one thread (SPLIT_ROWS_MIN_PANELS) */
     const int64_t panels = (c_out + MDL_SGEMM_AVX2_MR - 1) / MDL_SGEMM_AVX2_MR;
-    if (s->n < nr && !channels && !batched && !in_place && !wino &&
+    if (s->n < nr && !channels && !batched && !avx512 && !wino &&
         panels >= SPLIT_ROWS_MIN_PANELS * nr) {
 #pragma omp parallel num_threads(nr)
         {
@@ -1221,33 +1221,41 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             const int64_t r0 = panels * t / T * MDL_SGEMM_AVX2_MR;
             const int64_t r1 = t + 1 == T ? c_out : panels * (t + 1) / T * MDL_SGEMM_AVX2_MR;
             for (int64_t b = 0; b < s->n; b++) {
-                /* each value as the image's own path computes it: where images go in
+                /* each value as the image's own path computes it: read in place, the
+                 * epilogue in the tiles and the sums after them; where images go in
                  * groups, the product into a buffer, then spread with the epilogue and
                  * summed; else the epilogue and the sums in the tiles */
                 double *sb = sums ? sums + b * 2 * c_out : NULL;
+                float *out = pl ? end : y + b * c_out * P, *obuf = col + col_floats;
+                const int sums_after = sb && (in_place || igroup > 1);
                 mdl_epilogue ep = {bias, relu, NULL, NULL};
                 if (sb) {
                     for (int64_t c = r0; c < r1; c++) sb[c] = sb[c_out + c] = 0.0;
-                    if (igroup == 1) ep.row_sum = sb, ep.row_sumsq = sb + c_out;
+                    if (!sums_after) ep.row_sum = sb, ep.row_sumsq = sb + c_out;
                 }
-                const float *src = input_image(s, x, b, in, end);
-                if (!g->pointwise) {
-                    mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
-                    src = col;
-                }
-                float *out = pl ? end : y + b * c_out * P, *obuf = col + col_floats;
-                if (igroup > 1) {
-                    mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, 0.0f, obuf,
-                                               P, NULL, bbuf);
-                    spread(r1 - r0, P, P, obuf + r0 * P, bias ? bias + r0 : NULL, relu, beta,
-                           out + r0 * P);
-                    if (sb)
-                        mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0,
-                                               sb + c_out + r0);
+                const mdl_epilogue *e = bias || relu || ep.row_sum ? &ep : NULL;
+                if (in_place) {
+                    phase_image(s, x + b * s->c_in * s->h * s->w, in, col);
+                    mdl_sgemm_avx2_packed_image_rows(c_out, r0, r1, K, pa, col, g->wo, wp, P,
+                                                     off, beta, out, P, e);
                 } else {
-                    mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, beta, out,
-                                               P, bias || relu || sb ? &ep : NULL, bbuf);
+                    const float *src = input_image(s, x, b, in, end);
+                    if (!g->pointwise) {
+                        mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
+                        src = col;
+                    }
+                    if (igroup > 1) {
+                        mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, 0.0f,
+                                                   obuf, P, NULL, bbuf);
+                        spread(r1 - r0, P, P, obuf + r0 * P, bias ? bias + r0 : NULL, relu,
+                               beta, out + r0 * P);
+                    } else {
+                        mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, beta,
+                                                   out, P, e, bbuf);
+                    }
                 }
+                if (sums_after)
+                    mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0, sb + c_out + r0);
                 if (pl)
                     mdl_pool_planes(&pl->g, pl->avg, pl->relu, r1 - r0, end + r0 * P,
                                     y + (b * c_out + r0) * pl->g.ho * pl->g.wo);

@@ -92,6 +92,11 @@ static inline int64_t mdl_rows_panel(int64_t j, int64_t cols, int64_t ld)
 void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
                                  int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                  float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
+/* Its rows [i0, i1) only, as mdl_sgemm_avx2_packed_rows */
+void mdl_sgemm_avx2_packed_image_rows(int64_t m, int64_t i0, int64_t i1, int64_t k,
+                                      const float *pa, const float *b, int64_t cols, int64_t ld,
+                                      int64_t n, const int64_t *off, float beta, float *c,
+                                      int64_t ldc, const mdl_epilogue *ep);
 /* The same with AVX-512F (gemm_image_avx512.c): mdl_sgemm_avx512_rows_pack_a packs a
  * (m x k, row-major, lda) into pa, which holds mdl_sgemm_avx512_rows_a_floats(m, k)
  * floats (64-byte aligned), for mdl_sgemm_avx512_packed_image. */

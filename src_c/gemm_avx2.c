@@ -466,18 +466,19 @@ void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, 
     }
 }
 
-/* One 16-column panel of C (m x 16) = pa @ B with B's rows read in place: row p is
- * the 8 floats at b + off[p] followed by the 8 at b + off[p] + half. */
-static void packed_rows(int64_t m, int64_t k, const float *pa, const float *b, const int64_t *off,
-                        int64_t half, float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
+/* Rows [i0, i1) of one 16-column panel of C (m x 16) = pa @ B with B's rows read in
+ * place: row p is the 8 floats at b + off[p] followed by the 8 at b + off[p] + half. */
+static void packed_rows(int64_t m, int64_t i0, int64_t i1, int64_t k, const float *pa,
+                        const float *b, const int64_t *off, int64_t half, float beta, float *c,
+                        int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
         const int64_t kb = k - pc < kc ? k - pc : kc;
         const float beta_eff = pc == 0 ? beta : 1.0f;
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
-        for (int64_t i = 0; i < m; i += MR) {
-            const int rows = m - i < MR ? (int)(m - i) : MR;
+        for (int64_t i = i0; i < i1; i += MR) {
+            const int rows = i1 - i < MR ? (int)(i1 - i) : MR;
             tile(rows, kb, pa + pc * mp + i * kb, 0, b, 0, off + pc, half, c + i * ldc, ldc, NR,
                  beta_eff, last, i);
         }
@@ -487,8 +488,17 @@ void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const fl
                                  int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                  float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
 {
+    mdl_sgemm_avx2_packed_image_rows(m, 0, m, k, pa, b, cols, ld, n, off, beta, c, ldc, ep);
+}
+
+void mdl_sgemm_avx2_packed_image_rows(int64_t m, int64_t i0, int64_t i1, int64_t k,
+                                      const float *pa, const float *b, int64_t cols, int64_t ld,
+                                      int64_t n, const int64_t *off, float beta, float *c,
+                                      int64_t ldc, const mdl_epilogue *ep)
+{
     const int64_t half = cols == 8 ? ld : 8;
     for (int64_t j = 0; j < n; j += 16)
-        packed_rows(m, k, pa, b + mdl_rows_panel(j, cols, ld), off, half, beta, c + j, ldc, ep);
+        packed_rows(m, i0, i1, k, pa, b + mdl_rows_panel(j, cols, ld), off, half, beta, c + j,
+                    ldc, ep);
 }
 #endif

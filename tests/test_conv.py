@@ -154,7 +154,8 @@ def test_conv_threads(simd, threads, rng, case):
 
 
 @pytest.mark.parametrize("case", [(1, 24, 4, 4, 64, 3, 3, 1, 1), (2, 16, 7, 5, 100, 3, 3, 1, 1),
-                                  (1, 96, 4, 4, 64, 3, 3, 1, 1), (1, 64, 3, 3, 60, 1, 1, 1, 0)],
+                                  (1, 96, 4, 4, 64, 3, 3, 1, 1), (1, 64, 3, 3, 60, 1, 1, 1, 0),
+                                  (1, 64, 8, 8, 48, 3, 3, 1, 1), (1, 20, 16, 16, 64, 3, 3, 1, 1)],
                          ids=ids)
 def test_fewer_images_than_threads_share_rows(simd, rng, case):
     """An image's output rows split among the threads (fewer images than threads, on
