@@ -57,6 +57,17 @@ COUNT = {"r20.3x3.16": 6, "r20.3x3.32": 5, "r20.3x3.64": 5}
 OPS = ("forward", "backward_data", "backward_weights")
 
 
+def best_seconds(fn, reps):
+    """The fastest of reps calls, after one untimed."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure(threads, reps, layers="nets"):
     import numpy as np
     import minidl
@@ -80,12 +91,7 @@ def measure(threads, reps, layers="nets"):
         flop = 2.0 * n * co * ci * k * k * ho * wo
         row = {}
         for op, fn in calls.items():
-            fn()
-            best = float("inf")
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                best = min(best, time.perf_counter() - t0)
+            best = best_seconds(fn, reps)
             row[op] = {"ms": best * 1e3, "gflops": flop / best / 1e9}
         out[name] = row
     return out
@@ -107,17 +113,8 @@ def measure_torch(threads, reps, layers="nets"):
             "backward_data": lambda: torch.nn.grad.conv2d_input(x.shape, wt, dy, st, pad),
             "backward_weights": lambda: torch.nn.grad.conv2d_weight(x, wt.shape, dy, st, pad),
         }
-        row = {}
         with torch.no_grad():
-            for op, fn in calls.items():
-                fn()
-                best = float("inf")
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    fn()
-                    best = min(best, time.perf_counter() - t0)
-                row[op] = {"ms": best * 1e3}
-        out[name] = row
+            out[name] = {op: {"ms": best_seconds(fn, reps) * 1e3} for op, fn in calls.items()}
     return out
 
 
