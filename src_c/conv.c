@@ -1021,15 +1021,21 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
  * of its own) */
 static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
 {
-    const int64_t kk = s->kh * s->kw, c_out = s->c_out;
-    const int nt = mdl_threads_for(4.0 * (double)(c_out * s->c_in * kk));
+    const int64_t kk = s->kh * s->kw, c_out = s->c_out, c_in = s->c_in;
+    const int nt = mdl_threads_for(4.0 * (double)(c_out * c_in * kk));
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t cb = 0; cb < s->c_in; cb += 16)
-        for (int64_t ob = 0; ob < c_out; ob += 16)
-            for (int64_t ci = cb; ci < s->c_in && ci < cb + 16; ci++)
-                for (int64_t co = ob; co < c_out && co < ob + 16; co++)
-                    for (int64_t q = 0; q < kk; q++)
-                        wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * s->c_in + ci) * kk + q];
+    for (int64_t cb = 0; cb < c_in; cb += 16)
+        for (int64_t ob = 0; ob < c_out; ob += 16) {
+            const int64_t c1 = cb + 16 < c_in ? cb + 16 : c_in, o1 = ob + 16 < c_out ? ob + 16 : c_out;
+            if (kk == 1) /* a transposition (1x1 kernels) */
+                for (int64_t ci = cb; ci < c1; ci++)
+                    for (int64_t co = ob; co < o1; co++) wf[ci * c_out + co] = w[co * c_in + ci];
+            else
+                for (int64_t ci = cb; ci < c1; ci++)
+                    for (int64_t co = ob; co < o1; co++)
+                        for (int64_t q = 0; q < kk; q++)
+                            wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * c_in + ci) * kk + q];
+        }
 }
 
 /* The weights w (c_out, K) packed for per_image: for Winograd; for B's rows read in
