@@ -1026,7 +1026,8 @@ static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t cb = 0; cb < c_in; cb += 16)
         for (int64_t ob = 0; ob < c_out; ob += 16) {
-            const int64_t c1 = cb + 16 < c_in ? cb + 16 : c_in, o1 = ob + 16 < c_out ? ob + 16 : c_out;
+            const int64_t c1 = cb + 16 < c_in ? cb + 16 : c_in;
+            const int64_t o1 = ob + 16 < c_out ? ob + 16 : c_out;
             if (kk == 1) /* a transposition (1x1 kernels) */
                 for (int64_t ci = cb; ci < c1; ci++)
                     for (int64_t co = ob; co < o1; co++) wf[ci * c_out + co] = w[co * c_in + ci];
