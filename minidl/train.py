@@ -88,7 +88,7 @@ class TrainConfig:
         """A copy whose settings that decide the run's course (_RESUMED) come from the
         checkpoint of `resume` where they are None, and a setting given that differs
         from the checkpoint's is an error; _RESUMED_UNLESS_GIVEN ones may differ (a
-        run may be extended, its data moved)."""
+        run may be extended, its data moved), but a run at its epochs is an error."""
         meta = checkpoint.load(self.resume, tensors=False)[2]
         saved, values = meta.get("config"), asdict(self)
         saved = saved if isinstance(saved, dict) else {}
@@ -101,6 +101,10 @@ class TrainConfig:
         if differ:
             raise ValueError(f"{self.resume} was trained with other settings: "
                              f"{'; '.join(differ)}; leave these options out to resume it")
+        done = int(meta.get("epoch", 0))
+        if values["epochs"] is not None and done >= values["epochs"]:
+            raise ValueError(f"{self.resume} has trained {done} of {values['epochs']} epochs "
+                             f"already: give --epochs above {done} to extend the run")
         return TrainConfig(**values)
 
 
@@ -202,11 +206,6 @@ def train(config: TrainConfig, log=print) -> Dict:
     _check(cfg)
     if cfg.data is not None:  # the checkpoint's, for eval and resume from anywhere
         cfg = replace(cfg, data=os.path.abspath(cfg.data))
-    if cfg.resume:
-        done = int(checkpoint.load(cfg.resume, tensors=False)[2].get("epoch", 0))
-        if done >= cfg.epochs:
-            raise ValueError(f"{cfg.resume} has trained {done} of {cfg.epochs} epochs "
-                             f"already: give --epochs above {done} to extend the run")
     if cfg.plot:
         _matplotlib()  # fails before the run, not after it
     comm = distributed.init()

@@ -1166,6 +1166,75 @@ static void image_sums(int64_t c_out, int64_t P, const float *y, double *sb)
     mdl_conv_row_sums_avx2(c_out, P, y, sb, sb + c_out);
 }
 
+#if MDL_X86
+/* What per_image's one-image paths share in a call */
+typedef struct image_job {
+    const mdl_conv2d_shape *s;
+    const conv_geom *g;
+    const float *x;
+    const mdl_affine *in;
+    const float *pa, *bias;
+    const int64_t *off; /* the in-place tiles' offsets, rows wp floats apart */
+    const pooling *pl;
+    float *y;
+    float beta;
+    int64_t wp;
+    int relu, in_place, avx512;
+} image_job;
+
+/* Rows [r0, r1) (whole micro-panels; all rows at the AVX-512 level) of image b's
+ * output (c_out, P), to y or, before its pooling into y, to the thread's buffer end,
+ * with those rows' channel sums to sb (not NULL): read in place from its padded copy
+ * in col, the epilogue in the tiles and the sums after them, while the output is in
+ * the cache (cheaper than a reduction per 16-pixel tile); else through the column
+ * matrix in col (none for a pointwise kernel), either grouped, as an im2col group's
+ * path gives the values (the product into obuf, then spread with the epilogue and
+ * summed), or with the epilogue and the sums in the tiles. */
+static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, int grouped,
+                       double *sb, float *col, float *obuf, float *bbuf, float *end)
+{
+    const mdl_conv2d_shape *s = j->s;
+    const conv_geom *g = j->g;
+    const int64_t c_out = s->c_out, K = g->K, P = g->P;
+    float *out = j->pl ? end : j->y + b * c_out * P;
+    const int sums_after = sb && (j->in_place || grouped);
+    mdl_epilogue ep = {j->bias, j->relu, NULL, NULL};
+    if (sb) {
+        for (int64_t c = r0; c < r1; c++) sb[c] = sb[c_out + c] = 0.0;
+        if (!sums_after) ep.row_sum = sb, ep.row_sumsq = sb + c_out;
+    }
+    const mdl_epilogue *e = j->bias || j->relu || ep.row_sum ? &ep : NULL;
+    if (j->in_place) {
+        phase_image(s, j->x + b * s->c_in * s->h * s->w, j->in, col);
+        if (j->avx512)
+            mdl_sgemm_avx512_packed_image(c_out, K, j->pa, col, g->wo, j->wp, P, j->off, j->beta,
+                                          out, P, e);
+        else
+            mdl_sgemm_avx2_packed_image_rows(c_out, r0, r1, K, j->pa, col, g->wo, j->wp, P,
+                                             j->off, j->beta, out, P, e);
+    } else {
+        const float *src = input_image(s, j->x, b, j->in, end);
+        if (!g->pointwise) {
+            mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
+            src = col;
+        }
+        if (grouped) {
+            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, src, P, 0.0f, obuf, P, NULL,
+                                       bbuf);
+            spread(r1 - r0, P, P, obuf + r0 * P, j->bias ? j->bias + r0 : NULL, j->relu, j->beta,
+                   out + r0 * P);
+        } else {
+            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, src, P, j->beta, out, P, e,
+                                       bbuf);
+        }
+    }
+    if (sums_after) mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0, sb + c_out + r0);
+    if (j->pl)
+        mdl_pool_planes(&j->pl->g, j->pl->avg, j->pl->relu, r1 - r0, end + r0 * P,
+                        j->y + (b * c_out + r0) * j->pl->g.ho * j->pl->g.wo);
+}
+#endif
+
 /* y[b] (c_out, P) = pa @ col(in(x[b])) + beta * y[b] (beta 0 or 1) with the epilogue,
  * for every image b; pa is the packed weights, in the map x is read through (NULL:
  * none).  The threads take whole images, each with its own column matrix (K, P)
@@ -1203,6 +1272,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
     if (batched) batch_offsets(s, off);
+    const image_job job = {s, g, x, in, pa, bias, off, pl, y, beta, wp, relu, in_place, avx512};
     const int channels = wino == WINO_CHANNELS || wino == WINO_CHANNELS8;
     const int64_t group = wino == WINO_CHANNELS    ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0)
                           : wino == WINO_CHANNELS8 ? mdl_winograd8_group(s, g->ho, g->wo, 0)
@@ -1227,46 +1297,9 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
             float *bbuf = col + col_floats + out_floats, *end = pool_buffer(g, ws, t);
             const int64_t r0 = panels * t / T * MDL_SGEMM_AVX2_MR;
             const int64_t r1 = t + 1 == T ? c_out : panels * (t + 1) / T * MDL_SGEMM_AVX2_MR;
-            for (int64_t b = 0; b < s->n; b++) {
-                /* each value as the image's own path computes it: read in place, the
-                 * epilogue in the tiles and the sums after them; where images go in
-                 * groups, the product into a buffer, then spread with the epilogue and
-                 * summed; else the epilogue and the sums in the tiles */
-                double *sb = sums ? sums + b * 2 * c_out : NULL;
-                float *out = pl ? end : y + b * c_out * P, *obuf = col + col_floats;
-                const int sums_after = sb && (in_place || igroup > 1);
-                mdl_epilogue ep = {bias, relu, NULL, NULL};
-                if (sb) {
-                    for (int64_t c = r0; c < r1; c++) sb[c] = sb[c_out + c] = 0.0;
-                    if (!sums_after) ep.row_sum = sb, ep.row_sumsq = sb + c_out;
-                }
-                const mdl_epilogue *e = bias || relu || ep.row_sum ? &ep : NULL;
-                if (in_place) {
-                    phase_image(s, x + b * s->c_in * s->h * s->w, in, col);
-                    mdl_sgemm_avx2_packed_image_rows(c_out, r0, r1, K, pa, col, g->wo, wp, P,
-                                                     off, beta, out, P, e);
-                } else {
-                    const float *src = input_image(s, x, b, in, end);
-                    if (!g->pointwise) {
-                        mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
-                        src = col;
-                    }
-                    if (igroup > 1) {
-                        mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, 0.0f,
-                                                   obuf, P, NULL, bbuf);
-                        spread(r1 - r0, P, P, obuf + r0 * P, bias ? bias + r0 : NULL, relu,
-                               beta, out + r0 * P);
-                    } else {
-                        mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, pa, src, P, beta,
-                                                   out, P, e, bbuf);
-                    }
-                }
-                if (sums_after)
-                    mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0, sb + c_out + r0);
-                if (pl)
-                    mdl_pool_planes(&pl->g, pl->avg, pl->relu, r1 - r0, end + r0 * P,
-                                    y + (b * c_out + r0) * pl->g.ho * pl->g.wo);
-            }
+            for (int64_t b = 0; b < s->n; b++)
+                image_rows(&job, b, r0, r1, igroup > 1, sums ? sums + b * 2 * c_out : NULL, col,
+                           col + col_floats, bbuf, end);
         }
         return;
     }
@@ -1321,36 +1354,16 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
                 POOL(b, count);
                 continue;
             }
-            mdl_epilogue ep = {bias, relu, NULL, NULL};
-            if (sums) {
-                ep.row_sum = sums + b * 2 * c_out;
-                ep.row_sumsq = ep.row_sum + c_out;
-                for (int64_t c = 0; c < 2 * c_out; c++) ep.row_sum[c] = 0.0;
+            double *sb = sums ? sums + b * 2 * c_out : NULL;
+            if (!wino) {
+                image_rows(&job, b, 0, c_out, 0, sb, col, obuf, bbuf, end);
+                continue;
             }
-            const mdl_epilogue *e = bias || relu || sums ? &ep : NULL;
-            if (in_place) {
-                phase_image(s, x + b * s->c_in * s->h * s->w, in, col);
-                /* the channel sums from the image's output while it is in the cache,
-                 * after its tiles: cheaper than a reduction per 16-pixel tile */
-                mdl_epilogue tiles = ep;
-                tiles.row_sum = tiles.row_sumsq = NULL;
-                const mdl_epilogue *te = bias || relu ? &tiles : NULL;
-                float *yb = OUT(b);
-                (avx512 ? mdl_sgemm_avx512_packed_image : mdl_sgemm_avx2_packed_image)(
-                    c_out, K, pa, col, g->wo, wp, P, off, beta, yb, P, te);
-                if (sums) mdl_conv_row_sums_avx2(c_out, P, yb, ep.row_sum, ep.row_sumsq);
-            } else {
-                const float *src = input_image(s, x, b, in, end);
-                if (wino) {
-                    mdl_winograd_image(s, g->ho, g->wo, pa, src, e, OUT(b), col);
-                } else {
-                    if (!g->pointwise) {
-                        mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
-                        src = col;
-                    }
-                    mdl_sgemm_avx2_packed(0, c_out, P, K, pa, src, P, beta, OUT(b), P, e, bbuf);
-                }
-            }
+            /* F(2x2) with tiles in vectors: the epilogue and the sums in it */
+            mdl_epilogue ep = {bias, relu, sb, sb ? sb + c_out : NULL};
+            for (int64_t c = 0; sb && c < 2 * c_out; c++) sb[c] = 0.0;
+            mdl_winograd_image(s, g->ho, g->wo, pa, input_image(s, x, b, in, end),
+                               bias || relu || sb ? &ep : NULL, OUT(b), col);
             POOL(b, 1);
         }
 #undef OUT2
