@@ -257,6 +257,15 @@ static int64_t im2col_group(int64_t P, int pointwise)
  * columns (512 -> 512 channels at 4x4: 1.05x against 32, 64 no better) */
 #define WEIGHTS_GROUP_COLUMNS 128
 #define WEIGHTS_GROUP_MIN_FLOATS (256 * 1024)
+/* The weight gradient's split among the threads (weights_per_image): by dw's columns,
+ * in whole units of WEIGHTS_COLUMN_UNIT (a multiple of the AVX2 dot kernel's 3 rows and
+ * of the SGEMM's 16-column panels), up to WEIGHTS_COLUMNS_MAX_IMAGES images a thread;
+ * by images, each thread into a partial dw, with more.  AMD Zen 3, 2 threads, 3x3
+ * kernels, columns against images: 512 -> 512 at 4x4, 2-8 images 1.5-2.7x, 16 images
+ * 0.89x; 128 -> 128 at 8x8 1.5x at 2 images, even at 8-16; resnet20's strided layers
+ * at 128 images 0.54-0.89x. */
+#define WEIGHTS_COLUMN_UNIT 48
+#define WEIGHTS_COLUMNS_MAX_IMAGES 4
 static int64_t weights_group(const mdl_conv2d_shape *s, int64_t P, int pointwise)
 {
     const int64_t group = im2col_group(P, pointwise);
@@ -1598,86 +1607,116 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
 }
 #endif
 
-/* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T: each
- * thread sums its share of the images into its own partial dw, then the partials
- * are added to dw in thread order.  Rows a multiple of 8 wide (not a 1x1 kernel): dot
- * products over the phase planes of a few images at a time
- * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
- * column matrix read transposed as B.  Or by Winograd, where the forward uses
- * winograd_avx512.c. */
+#if MDL_X86
+/* Images [b0, b1) of the weight gradient into columns [k0, k1) of c (rows ldc floats
+ * apart): c = (c +, add) the sum of their dy[b] (c_out, P) @ col(x[b])^T, through
+ * buf, this thread's buffers (up to end).  Rows a multiple of 8 wide (not a 1x1
+ * kernel): dot products over the phase planes of a few images at a time
+ * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the column
+ * matrix's rows [k0, k1) read transposed as B.  Each value is the same whatever
+ * [k0, k1) holds it. */
+static void weights_images(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
+                           const mdl_affine *in, const float *dy, int64_t b0, int64_t b1,
+                           int64_t k0, int64_t k1, int add, float *c, int64_t ldc, float *buf,
+                           float *end)
+{
+    const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
+    const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
+    const int64_t igroup = dot ? 1 : weights_group(s, g->P, g->pointwise), nk = k1 - k0;
+    /* the im2col + GEMM buffers, or the padded images and their row offsets */
+    float *col = buf, *pa = col + FLOATS(g->pointwise ? 0 : K * P * igroup);
+    float *bbuf = pa + FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P * igroup));
+    float *dyg = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(P * igroup)); /* a group's dy */
+    float *xp = col;
+    const int64_t group = DOT_IMAGES(P);
+    int64_t *off = (int64_t *)(xp + group * phase_floats(s));
+    if (dot) padded_offsets(s, off);
+    for (int64_t b = b0; b < b1; b++) {
+        const float beta = b > b0 || add ? 1.0f : 0.0f;
+        if (dot) {
+            const int64_t nb = b1 - b < group ? b1 - b : group;
+            for (int64_t q = 0; q < nb; q++)
+                phase_image(s, x + (b + q) * image, in, xp + q * phase_floats(s));
+            (avx512 ? mdl_conv_weights_dot_avx512 : mdl_conv_weights_dot_avx2)(
+                c_out, nk, g->ho, g->wo, phases_of(s).cols, nb, phase_floats(s),
+                dy + b * c_out * P, xp, off + k0, beta == 0.0f, c, ldc);
+            b += nb - 1;
+            continue;
+        }
+        if (igroup > 1) { /* the group's column matrices and dy side by side */
+            const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
+            for (int64_t q = 0; q < nb; q++)
+                mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
+                                     col + q * P, gp, k0, k1);
+            chunk_gather(g, c_out, nb, dy + b * c_out * P, dyg); /* one thread here */
+            mdl_sgemm_avx2_pack_a(0, c_out, gp, 1.0f, dyg, gp, pa);
+            mdl_sgemm_avx2_packed(1, c_out, nk, gp, pa, col, gp, beta, c, ldc, NULL, bbuf);
+            b += nb - 1;
+            continue;
+        }
+        const float *src = input_image(s, x, b, in, end);
+        if (g->pointwise) { /* the image is its own column matrix */
+            src += k0 * P;
+        } else {
+            mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, k0, k1);
+            src = col;
+        }
+        mdl_sgemm_avx2_pack_a(0, c_out, P, 1.0f, dy + b * c_out * P, P, pa);
+        mdl_sgemm_avx2_packed(1, c_out, nk, P, pa, src, P, beta, c, ldc, NULL, bbuf);
+    }
+}
+#endif
+
+/* dw (c_out, K) = or += sum over images of dy[b] (c_out, P) @ col(x[b])^T
+ * (weights_images).  With more than WEIGHTS_COLUMNS_MAX_IMAGES images a thread: each
+ * thread sums its share of the images into its own partial dw, then the partials are
+ * added to dw in thread order.  With fewer (or one thread): each thread takes all the
+ * images for a share of dw's columns, in dw itself, and each value is the same on any
+ * number of threads.  Or by
+ * Winograd, where the forward uses winograd_avx512.c. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                               const mdl_affine *in, const float *dy, float *dw, int accumulate,
                               float *ws, size_t avail)
 {
 #if MDL_X86
-    const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
-    const int nt = weights_threads(s, g, avail);
-    const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
-    const int64_t igroup = dot ? 1 : weights_group(s, g->P, g->pointwise);
-    const size_t col_floats = FLOATS(g->pointwise ? 0 : K * P * igroup);
-    const size_t pa_floats = FLOATS(mdl_sgemm_avx2_packed_a_floats(c_out, P * igroup));
+    const int64_t c_out = s->c_out, K = g->K;
     const size_t stride = g->per_thread / sizeof(float);
-    const int64_t wp = phases_of(s).cols;
     const int wino = use_winograd(s, g->wo, 1);
     if (wino == WINO_CHANNELS || wino == WINO_CHANNELS8) {
-        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, nt, wino == WINO_CHANNELS,
-                         NULL);
+        weights_winograd(s, g, x, in, dy, dw, accumulate, ws, stride, weights_threads(s, g, avail),
+                         wino == WINO_CHANNELS, NULL);
         return;
     }
+    int nt = mdl_threads_for((double)s->n * c_out * K * g->P);
+    const int by_images = nt > 1 && s->n > WEIGHTS_COLUMNS_MAX_IMAGES * nt;
+    if ((size_t)nt > avail / g->per_thread) nt = (int)(avail / g->per_thread);
+    /* by columns: in whole units of WEIGHTS_COLUMN_UNIT */
+    const int64_t units = (K + WEIGHTS_COLUMN_UNIT - 1) / WEIGHTS_COLUMN_UNIT;
+    if (!by_images && nt > units) nt = (int)units;
+    if (nt < 1) nt = 1;
 #pragma omp parallel num_threads(nt)
     {
         int t, T;
         MDL_THREAD_ID(t, T);
-        /* this thread's partial dw, then the im2col + GEMM buffers or the padded
-         * image and its row offsets */
-        float *part = ws + t * stride, *col = part + FLOATS(c_out * K), *end = ws + (t + 1) * stride;
-        float *pa = col + col_floats, *bbuf = pa + pa_floats;
-        float *dyg = bbuf + FLOATS(mdl_sgemm_avx2_packed_b_floats(P * igroup)); /* a group's dy */
-        float *xp = col;
-        const int64_t group = DOT_IMAGES(P);
-        int64_t *off = (int64_t *)(xp + group * phase_floats(s));
-        if (dot) padded_offsets(s, off);
-        const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
-        for (int64_t b = b0; b < b1; b++) {
-            if (dot) {
-                const int64_t nb = b1 - b < group ? b1 - b : group;
-                for (int64_t q = 0; q < nb; q++)
-                    phase_image(s, x + (b + q) * image, in, xp + q * phase_floats(s));
-                (avx512 ? mdl_conv_weights_dot_avx512 : mdl_conv_weights_dot_avx2)(
-                    c_out, K, g->ho, g->wo, wp, nb, phase_floats(s), dy + b * c_out * P, xp, off,
-                    b == b0, part);
-                b += nb - 1;
-                continue;
-            }
-            if (igroup > 1) { /* the group's column matrices and dy side by side */
-                const int64_t nb = b1 - b < igroup ? b1 - b : igroup, gp = nb * P;
-                for (int64_t q = 0; q < nb; q++)
-                    mdl_conv_im2col_avx2(s, g->ho, g->wo, input_image(s, x, b + q, in, end),
-                                         col + q * P, gp, 0, K);
-                chunk_gather(g, c_out, nb, dy + b * c_out * P, dyg); /* one thread here */
-                mdl_sgemm_avx2_pack_a(0, c_out, gp, 1.0f, dyg, gp, pa);
-                mdl_sgemm_avx2_packed(1, c_out, K, gp, pa, col, gp, b > b0 ? 1.0f : 0.0f, part,
-                                      K, NULL, bbuf);
-                b += nb - 1;
-                continue;
-            }
-            const float *src = input_image(s, x, b, in, end);
-            if (!g->pointwise) {
-                mdl_conv_im2col_avx2(s, g->ho, g->wo, src, col, P, 0, K);
-                src = col;
-            }
-            mdl_sgemm_avx2_pack_a(0, c_out, P, 1.0f, dy + b * c_out * P, P, pa);
-            mdl_sgemm_avx2_packed(1, c_out, K, P, pa, src, P, b > b0 ? 1.0f : 0.0f, part, K,
-                                  NULL, bbuf);
-        }
-        if (b1 == b0) memset(part, 0, (size_t)(c_out * K) * sizeof(float));
+        /* this thread's partial dw (by images), then weights_images' buffers */
+        float *part = ws + t * stride, *buf = part + FLOATS(c_out * K), *end = ws + (t + 1) * stride;
+        if (!by_images || T == 1) {
+            const int64_t k0 = min64(K, units * t / T * WEIGHTS_COLUMN_UNIT),
+                          k1 = min64(K, units * (t + 1) / T * WEIGHTS_COLUMN_UNIT);
+            if (k0 < k1)
+                weights_images(s, g, x, in, dy, 0, s->n, k0, k1, accumulate, dw + k0, K, buf,
+                               end);
+        } else {
+            const int64_t b0 = s->n * t / T, b1 = s->n * (t + 1) / T;
+            weights_images(s, g, x, in, dy, b0, b1, 0, K, 0, part, K, buf, end);
 #pragma omp barrier
-        /* dw = (dw +) part_0 + part_1 + ..., each thread a share of the elements */
-        const int64_t total = c_out * K, lo = total * t / T, hi = total * (t + 1) / T;
-        for (int64_t e = lo; e < hi; e++) {
-            float acc = accumulate ? dw[e] : 0.0f;
-            for (int u = 0; u < T; u++) acc += ws[u * stride + e];
-            dw[e] = acc;
+            /* dw = (dw +) part_0 + part_1 + ..., each thread a share of the elements */
+            const int64_t total = c_out * K, lo = total * t / T, hi = total * (t + 1) / T;
+            for (int64_t e = lo; e < hi; e++) {
+                float acc = accumulate ? dw[e] : 0.0f;
+                for (int u = 0; u < T; u++) acc += ws[u * stride + e];
+                dw[e] = acc;
+            }
         }
     }
 #else

@@ -24,8 +24,8 @@ static inline void mdl_conv_valid_range(int64_t n_in, int64_t n_out, int64_t str
 float mdl_conv_sum_scalar(const float *p, int64_t count);
 
 #if MDL_X86
-/* One image: rows [r0, r1) of the column matrix col (c_in*kh*kw, ho*wo), row
- * stride ld, of x (c_in, h, w): row (ci, i, j), column (oh, ow) holds
+/* One image: rows [r0, r1) of the column matrix (c_in*kh*kw, ho*wo) of x (c_in, h, w),
+ * row r at col + (r - r0) * ld: row (ci, i, j), column (oh, ow) holds
  * x[ci, oh*stride_h - pad_h + i, ow*stride_w - pad_w + j], or 0 in the padding.
  * Used only by the im2col + SGEMM path, which runs when AVX2 is selected; the
  * scalar reference convolves directly. */
@@ -52,18 +52,20 @@ void mdl_conv_row_sums_avx2(int64_t rows, int64_t P, const float *y, double *sum
 void mdl_conv_affine_image_avx2(int64_t c, int64_t hw, const float *x, const mdl_affine *in,
                                 float *tx);
 
-/* The weight gradient of a few images with rows a multiple of 8 wide,
- * as dot products along the pixels, both operands read in place: part (c_out, K) =
- * (first ? 0 : part) + sum over the images of dy (c_out, ho * wo) @ col^T, where
- * col row k is the image's phase planes (row stride wp; images xp_stride floats
- * apart) shifted by off[k] */
+/* The weight gradient of a few images with rows a multiple of 8 wide, as dot products
+ * along the pixels, both operands read in place: part (c_out, K; rows ldp floats apart)
+ * = (first ? 0 : part) + sum over the images of dy (c_out, ho * wo) @ col^T, where col
+ * row k is the image's phase planes (row stride wp; images xp_stride floats apart)
+ * shifted by off[k] */
 void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                int64_t images, int64_t xp_stride, const float *dy,
-                               const float *xp, const int64_t *off, int first, float *part);
+                               const float *xp, const int64_t *off, int first, float *part,
+                               int64_t ldp);
 /* The same with AVX-512F (conv_avx512.c). */
 void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                  int64_t images, int64_t xp_stride, const float *dy,
-                                 const float *xp, const int64_t *off, int first, float *part);
+                                 const float *xp, const int64_t *off, int first, float *part,
+                                 int64_t ldp);
 
 /* Winograd F(2x2, 3x3) and F(2x2, 5x5) (winograd_avx2.c): stride 1, padding < kernel.
  * The weights are transformed once per call into `fixed` (fixed_floats); each

@@ -58,7 +58,7 @@ void mdl_conv_im2col_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
         mdl_conv_valid_range(w, wo, sw, s->pad_w, j, &ow_lo[j], &ow_hi[j]);
     int64_t ci = r0 / (kh * kw), i = r0 / kw % kh, j = r0 % kw;
     for (int64_t r = r0; r < r1; r++) {
-        float *dst = col + r * ld;
+        float *dst = col + (r - r0) * ld;
         const int64_t oh0 = oh_lo[i], oh1 = oh_hi[i], ow0 = ow_lo[j], ow1 = ow_hi[j];
         zero_row(dst, oh0 * wo);
         for (int64_t oh = oh0; oh < oh1; oh++) {
@@ -331,7 +331,7 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
     }
 #define DOT_STORE(c)                                                        \
     {                                                                       \
-        float *pr = part + (co + c) * K + k;                                \
+        float *pr = part + (co + c) * ldp + k;                              \
         pr[0] = (first ? 0.0f : pr[0]) + mdl_hsum_ps(a##c##0);              \
         pr[1] = (first ? 0.0f : pr[1]) + mdl_hsum_ps(a##c##1);              \
         pr[2] = (first ? 0.0f : pr[2]) + mdl_hsum_ps(a##c##2);              \
@@ -339,7 +339,8 @@ void mdl_conv_col2im_avx2(const mdl_conv2d_shape *s, int64_t ho, int64_t wo, con
 
 void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                int64_t images, int64_t xp_stride, const float *dy_all,
-                               const float *xp_all, const int64_t *off, int first, float *part)
+                               const float *xp_all, const int64_t *off, int first, float *part,
+                               int64_t ldp)
 {
     const int64_t P = ho * wo, co4 = c_out / 4 * 4, k3 = K / 3 * 3;
     for (int64_t co = 0; co < co4; co += 4)
@@ -370,7 +371,7 @@ void mdl_conv_weights_dot_avx2(int64_t c_out, int64_t K, int64_t ho, int64_t wo,
                         acc = _mm256_fmadd_ps(_mm256_loadu_ps(dy + co * P + oh * wo + ow),
                                               _mm256_loadu_ps(r + oh * wp + ow), acc);
             }
-            float *pr = part + co * K + k;
+            float *pr = part + co * ldp + k;
             *pr = (first ? 0.0f : *pr) + mdl_hsum_ps(acc);
         }
 }

@@ -67,7 +67,7 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
     if (KB > j) pr##c[j] = (first ? 0.0f : pr##c[j]) + _mm512_reduce_add_ps(a##c##j);
 #define STORES(c)                                                            \
     if (CB > c) {                                                            \
-        float *pr##c = part + (co + c) * K + k;                              \
+        float *pr##c = part + (co + c) * ldp + k;                            \
         STORE1(c, 0) STORE1(c, 1) STORE1(c, 2) STORE1(c, 3) STORE1(c, 4) STORE1(c, 5) \
     }
 
@@ -83,7 +83,7 @@ ALWAYS_INLINE void runs_next(runs *r, int64_t wo, int64_t wp)
 ALWAYS_INLINE void dot_block(const int CB, const int KB, int64_t co, int64_t k, int64_t c_out, int64_t K,
                              int64_t ho, int64_t wo, int64_t wp, int64_t images,
                              int64_t xp_stride, const float *dy_all, const float *xp_all,
-                             const int64_t *off, int first, float *part)
+                             const int64_t *off, int first, float *part, int64_t ldp)
 {
     const int64_t P = ho * wo, pairs = P / 16;
     const int odd = (P / 8) % 2; /* a last run of 8 alone */
@@ -127,7 +127,8 @@ ALWAYS_INLINE void dot_block(const int CB, const int KB, int64_t co, int64_t k, 
 
 void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t wo, int64_t wp,
                                  int64_t images, int64_t xp_stride, const float *dy_all,
-                                 const float *xp_all, const int64_t *off, int first, float *part)
+                                 const float *xp_all, const int64_t *off, int first, float *part,
+                                 int64_t ldp)
 {
     /* channels in blocks of 4 (the last ones alone), rows of K in blocks of 6, then 3,
      * 2 or 1 */
@@ -137,7 +138,7 @@ void mdl_conv_weights_dot_avx512(int64_t c_out, int64_t K, int64_t ho, int64_t w
             const int64_t left = K - k;
             const int kb = left >= 6 ? 6 : left >= 3 ? 3 : (int)left;
 #define BLOCK(CB, KB) dot_block(CB, KB, co, k, c_out, K, ho, wo, wp, images, xp_stride, dy_all, \
-                                xp_all, off, first, part)
+                                xp_all, off, first, part, ldp)
             if (cb == 4) {
                 if (kb == 6) BLOCK(4, 6);
                 else if (kb == 3) BLOCK(4, 3);

@@ -153,6 +153,20 @@ def test_conv_threads(simd, threads, rng, case):
     check_all(rng, case, True)
 
 
+def on_threads(*counts):
+    """Yields each thread count in turn, set with no minimum of work for a second thread;
+    then the count before."""
+    before = minidl.get_num_threads()
+    try:
+        for nt in counts:
+            minidl.set_num_threads(nt)
+            _C.set_min_parallel_work(0)
+            yield nt
+    finally:
+        minidl.set_num_threads(before)
+        _C.set_min_parallel_work(65536)
+
+
 @pytest.mark.parametrize("case", [(1, 24, 4, 4, 64, 3, 3, 1, 1), (2, 16, 7, 5, 100, 3, 3, 1, 1),
                                   (1, 96, 4, 4, 64, 3, 3, 1, 1), (1, 64, 3, 3, 60, 1, 1, 1, 0),
                                   (1, 64, 8, 8, 48, 3, 3, 1, 1), (1, 20, 16, 16, 64, 3, 3, 1, 1)],
@@ -164,28 +178,49 @@ def test_fewer_images_than_threads_share_rows(simd, rng, case):
     x, wt, b, kw = make(rng, case)
     dy = f32(rng, *ops.conv2d(x, wt, **kw).shape)
     scale, shift, base = f32(rng, x.shape[1]), f32(rng, x.shape[1]), f32(rng, *x.shape)
-    before = minidl.get_num_threads()
-    results = []
-    try:
-        for nt in (1, 2, 3):
-            minidl.set_num_threads(nt)
-            _C.set_min_parallel_work(0)
-            results.append((ops.conv2d(x, wt, b, relu=True, **kw),
-                            *ops.conv2d_fused(x, wt, b, x_scale=scale, x_shift=shift, x_relu=True,
-                                              relu=True, stats=True, **kw),
-                            ops.conv2d_pooled(x, wt, b, relu=True, kernel_size=2, ceil_mode=True,
-                                              **kw),
-                            ops.conv2d_backward(x, wt, dy, **kw)[0],
-                            ops.conv2d_backward(x, wt, dy, add_dx_to=base.copy(), **kw)[0]))
-    finally:
-        minidl.set_num_threads(before)
-        _C.set_min_parallel_work(65536)
+    results = [(ops.conv2d(x, wt, b, relu=True, **kw),
+                *ops.conv2d_fused(x, wt, b, x_scale=scale, x_shift=shift, x_relu=True, relu=True,
+                                  stats=True, **kw),
+                ops.conv2d_pooled(x, wt, b, relu=True, kernel_size=2, ceil_mode=True, **kw),
+                ops.conv2d_backward(x, wt, dy, **kw)[0],
+                ops.conv2d_backward(x, wt, dy, add_dx_to=base.copy(), **kw)[0])
+               for _ in on_threads(1, 2, 3)]
     y = ref.conv2d(x.astype(np.float64), wt.astype(np.float64), b, **ref_kw(kw))
     assert_close(results[0][0], np.maximum(y, 0), "conv", "y")
     assert_close(results[0][5], ref.conv2d_backward(x, wt, dy, **ref_kw(kw))[0], "conv", "dx")
     for other in results[1:]:
         for a, c in zip(results[0], other):
             np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("case", [(1, 24, 4, 4, 64, 3, 3, 1, 1), (5, 24, 7, 5, 20, 3, 3, 1, 1),
+                                  (1, 20, 8, 8, 30, 3, 3, 1, 1), (1, 150, 4, 4, 60, 1, 1, 1, 0),
+                                  (1, 150, 2, 2, 60, 1, 1, 1, 0), (2, 16, 8, 16, 12, 5, 5, 2, 2)],
+                         ids=ids)
+def test_few_images_share_dw_columns(simd, rng, case):
+    """The weight gradient of up to 4 images a thread: dw's columns split among the
+    threads, written in place (overwritten, or added to), every value as on one thread;
+    the GEMM's paths (grouped, per image, 1x1 in place and grouped), the dot products',
+    with and without the input map."""
+    x, wt, _, kw = make(rng, case)
+    shape = c_shape(case)
+    ho, wo = _C.conv2d_output_size(shape)
+    dy = f32(rng, case[0], case[4], ho, wo)
+    maps = [(None, None, False), (f32(rng, case[1]), f32(rng, case[1]), True)]
+    dw0 = f32(rng, *wt.shape)
+    results = []
+    for _ in on_threads(1, 2, 3):
+        for m in maps:
+            for accumulate in (False, True):
+                dw = dw0.copy() if accumulate else np.full_like(wt, np.nan)
+                _C.conv2d_backward_weights_fused(shape, x.ravel(), *m, dy.ravel(), dw.ravel(),
+                                                 accumulate)
+                results.append(dw)
+    _, rdw, _ = ref.conv2d_backward(x, wt, dy, **ref_kw(kw))
+    assert_close(results[0], rdw, "conv", "dw")
+    assert_close(results[1], dw0 + rdw, "conv", "dw")
+    for i in range(4, len(results)):
+        np.testing.assert_array_equal(results[i], results[i % 4])
 
 
 # 3x3 and 5x5, stride 1: Winograd where it applies (padding < r): F(2x2, r x r) with tiles
