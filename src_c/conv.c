@@ -1025,7 +1025,8 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
 }
 
 /* wf (c_in, c_out, kh, kw) = w's kernels flipped, the weights of the data gradient's
- * convolution (transposed_shape), in blocks of 16 x 16 channel pairs over the threads
+ * convolution (transposed_shape) for Winograd and the AVX-512 tiles (the AVX2 GEMM's
+ * packing flips them itself), in blocks of 16 x 16 channel pairs over the threads
  * (pair by pair in w's order it took 6 ms at 512 x 2048, 1x1: every write a cache line
  * of its own) */
 static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
@@ -1037,15 +1038,17 @@ static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
         for (int64_t ob = 0; ob < c_out; ob += 16) {
             const int64_t c1 = cb + 16 < c_in ? cb + 16 : c_in;
             const int64_t o1 = ob + 16 < c_out ? ob + 16 : c_out;
-            if (kk == 1) /* a transposition (1x1 kernels) */
-                for (int64_t ci = cb; ci < c1; ci++)
-                    for (int64_t co = ob; co < o1; co++) wf[ci * c_out + co] = w[co * c_in + ci];
-            else
-                for (int64_t ci = cb; ci < c1; ci++)
-                    for (int64_t co = ob; co < o1; co++)
-                        for (int64_t q = 0; q < kk; q++)
-                            wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * c_in + ci) * kk + q];
+            for (int64_t ci = cb; ci < c1; ci++)
+                for (int64_t co = ob; co < o1; co++)
+                    for (int64_t q = 0; q < kk; q++)
+                        wf[(ci * c_out + co) * kk + kk - 1 - q] = w[(co * c_in + ci) * kk + q];
         }
+}
+
+/* per_image's AVX-512 tiles of 16 output channels, which read B's rows in place */
+static int avx512_rows(const mdl_conv2d_shape *s, const conv_geom *g)
+{
+    return (rows_in_place(s, g->ho, g->wo) || batched_path(s, g->ho, g->wo)) && mdl_use_avx512();
 }
 
 /* The weights w (c_out, K) packed for per_image: for Winograd; for B's rows read in
@@ -1060,8 +1063,7 @@ static void pack_weights(const mdl_conv2d_shape *s, const conv_geom *g, int wino
         mdl_winograd8_weights(s, w, pa);
     else if (wino)
         mdl_winograd_weights(s, w, pa);
-    else if ((rows_in_place(s, g->ho, g->wo) || batched_path(s, g->ho, g->wo)) &&
-             mdl_use_avx512())
+    else if (avx512_rows(s, g))
         mdl_sgemm_avx512_rows_pack_a(s->c_out, g->K, w, g->K, pa);
     else
         mdl_sgemm_avx2_pack_a(0, s->c_out, g->K, 1.0f, w, g->K, pa);
@@ -2182,10 +2184,14 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
         gt.per_thread = g.per_thread;
         const int64_t Kt = gt.K;
         float *wf = ws, *pa = wf + FLOATS(s->c_in * Kt);
-        flip_weights(s, w, wf);
         int wino = use_winograd(&t, s->w, 0);
         if (accumulate && wino == WINO_TILES) wino = GEMM; /* F(2x2) overwrites */
-        pack_weights(&t, &gt, wino, wf, pa);
+        if (!wino && !avx512_rows(&t, &gt)) { /* flipped as they are packed */
+            mdl_sgemm_avx2_pack_flipped_weights(s->c_in, s->c_out, s->kh * s->kw, w, pa);
+        } else {
+            flip_weights(s, w, wf);
+            pack_weights(&t, &gt, wino, wf, pa);
+        }
         const int nt = mdl_threads_for((double)s->n * s->c_in * Kt * gt.P);
 #if MDL_X86
         if (wino_sums_algo(wino))

@@ -64,6 +64,11 @@ size_t mdl_sgemm_avx2_packed_a_floats(int64_t m, int64_t k);
 size_t mdl_sgemm_avx2_packed_b_floats(int64_t k);
 void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const float *a,
                            int64_t lda, float *pa);
+/* The same packing of a convolution's data-gradient weights: op(A) (c_in x c_out kk)
+ * holds the kernels of w (c_out, c_in, kk taps) flipped, op(A)[ci][co kk + t] =
+ * w[co][ci][kk - 1 - t] (with one tap, w transposed) */
+void mdl_sgemm_avx2_pack_flipped_weights(int64_t c_in, int64_t c_out, int64_t kk,
+                                         const float *w, float *pa);
 void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const float *pa,
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf);

@@ -421,6 +421,85 @@ void mdl_sgemm_avx2_pack_a(int trans_a, int64_t m, int64_t k, float alpha, const
 #undef PACK_UNIT
 }
 
+/* d[r] = src[r * kk + kk - 1 - t] for r < rows, zero for rows <= r < MR */
+static inline void flip_column(const float *src, int64_t kk, int rows, int64_t t, float *d)
+{
+    int r = 0;
+    for (; r < rows; r++) d[r] = src[r * kk + kk - 1 - t];
+    for (; r < MR; r++) d[r] = 0.0f;
+}
+
+/* d[t * MR + r] = src[r * kk + kk - 1 - t] for r < rows (zero for rows <= r < MR),
+ * t < kk: one output channel's kernels of an A micro-panel's rows, flipped, as the
+ * panel's kk columns.  Full panels 8 taps at a time: each row's 8 reversed, then
+ * transposed, each column stored 8 wide over the next one's start, which is written
+ * afterwards (the last 6 wide). */
+static void flip_kernels(const float *src, int64_t kk, int rows, float *restrict d)
+{
+    int64_t t = 0;
+    if (rows == MR) {
+        const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+        for (; t + 8 <= kk; t += 8) {
+            __m256 v[8];
+            for (int r = 0; r < MR; r++) /* lane j: tap kk - 1 - t - j */
+                v[r] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(src + r * kk + kk - 8 - t),
+                                                reverse);
+            v[6] = v[7] = _mm256_setzero_ps();
+            mdl_transpose8_ps(v);
+            float *c = d + t * MR;
+            for (int j = 0; j < 7; j++) _mm256_storeu_ps(c + j * MR, v[j]);
+            _mm_storeu_ps(c + 7 * MR, _mm256_castps256_ps128(v[7]));
+            _mm_storel_pi((__m64 *)(c + 7 * MR + 4), _mm256_extractf128_ps(v[7], 1));
+        }
+    }
+    for (; t < kk; t++) flip_column(src, kk, rows, t, d + t * MR);
+}
+
+/* Channels [co0, co1) of mdl_sgemm_avx2_pack_flipped_weights, w read in order: each
+ * channel's kernels of an A micro-panel's rows (MR x kk floats in a row of w) into the
+ * panel's kk columns there */
+static void pack_flipped(int64_t c_in, int64_t c_out, int64_t kk, const float *w, int64_t co0,
+                         int64_t co1, float *pa)
+{
+    const int64_t k = c_out * kk, kc = plan_blocks(1, 1, k).kc, mp = round_up(c_in, MR);
+    for (int64_t co = co0; co < co1; co++)
+        for (int64_t i0 = 0; i0 < c_in; i0 += MR) {
+            const int rows = c_in - i0 < MR ? (int)(c_in - i0) : MR;
+            const float *src = w + (co * c_in + i0) * kk;
+            const int64_t p0 = co * kk, pc = p0 / kc * kc;
+            if (p0 + kk <= pc + kc) { /* in one K block */
+                const int64_t kb = k - pc < kc ? k - pc : kc;
+                flip_kernels(src, kk, rows, pa + pc * mp + i0 * kb + (p0 - pc) * MR);
+                continue;
+            }
+            for (int64_t t = 0; t < kk; t++) { /* across two K blocks: column by column */
+                const int64_t p = p0 + t, b = p / kc * kc, kb = k - b < kc ? k - b : kc;
+                flip_column(src, kk, rows, t, pa + b * mp + i0 * kb + (p - b) * MR);
+            }
+        }
+}
+
+void mdl_sgemm_avx2_pack_flipped_weights(int64_t c_in, int64_t c_out, int64_t kk,
+                                         const float *w, float *pa)
+{
+    if (kk == 1) { /* w is op(A) transposed */
+        mdl_sgemm_avx2_pack_a(1, c_in, c_out, 1.0f, w, c_in, pa);
+        return;
+    }
+#ifdef _OPENMP
+    const int nt = omp_in_parallel() ? 1 : mdl_threads_for((double)c_in * c_out * kk);
+    if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+        {
+            const int t = omp_get_thread_num(), T = omp_get_num_threads();
+            pack_flipped(c_in, c_out, kk, w, c_out * t / T, c_out * (t + 1) / T, pa);
+        }
+        return;
+    }
+#endif
+    pack_flipped(c_in, c_out, kk, w, 0, c_out, pa);
+}
+
 /* Columns of B that mdl_sgemm_avx2_packed packs at a time: a kc x PACKED_NC block
  * (at most 400 KiB) stays in L2 while each row tile of A, in L1, passes over all of it.
  * With one 16-column panel at a time, A (the weights) streamed from L3 once per panel:

@@ -100,6 +100,7 @@ BIG = [
     (11, 256, 4, 4, 128, 3, 3, 1, 1),         # a large dw: groups of 8 images for its products
     (33, 36, 4, 4, 44, 3, 3, 1, 1),           # batched: three units over the threads
     (17, 8180, 4, 4, 12, 3, 3, 1, 1),         # dw by taps in two chunks of images
+    (2, 13, 20, 20, 40, 7, 7, 1, 3),          # dx: 7x7 kernels flipped as packed, across K blocks
 ]
 
 
