@@ -17,9 +17,14 @@ pytestmark = pytest.mark.external
 # is within 1e-6 of zero on the other side of a ReLU, which changes its gradient, so
 # steps after the first and the parameters get a looser bound than the first forward.
 # ResNet-20 has about 750,000 ReLU inputs at batch 4, enough that one such flip is
-# likely; its effect on the parameters upstream of it is up to about 1% (measured).
+# likely; its effect on the parameters upstream of it is up to about 1% (measured),
+# and on the logits of the steps after it about 1e-3: minidl's own runs on 1 and on 2
+# threads, whose weight gradients add the images in another order, differ by 1.0e-3 in
+# the third step's logits and 1.7% in the parameters; on 1 thread, against PyTorch,
+# 2.2e-3 and 3.2% (bn1.bias, small values three steps from zero).
 TOL_LOGITS = 1e-4
-TOL_PARAMS = {"resnet20": 3e-2}
+TOL_LATER_LOGITS = {"resnet20": 1e-2}
+TOL_PARAMS = {"resnet20": 5e-2}
 
 
 def to_torch(net):
@@ -107,7 +112,7 @@ def test_model_matches_pytorch(name, batch, rng):
         tloss.backward()
         topt.step()
         want = tlogits.detach().numpy()
-        tol = TOL_LOGITS if step == 0 else 1e-3
+        tol = TOL_LOGITS if step == 0 else TOL_LATER_LOGITS.get(name, 1e-3)
         err = np.abs(logits - want).max() / max(1.0, np.abs(want).max())
         assert err <= tol, f"{name} step {step}: logits, relative error {err:.3g}"
         assert abs(loss - tloss.item()) <= tol * max(1.0, abs(tloss.item())), step
