@@ -57,6 +57,20 @@ int mdl_sgemm_b_in_place(void);
 #  define MDL_THREAD_ID(t, T) ((t) = 0, (T) = 1)
 #endif
 
+/* A BatchNorm's channel sums from n values shifted by about their mean, k: s1 = sum
+ * (x - k) and s2 = sum (x - k)^2, added up in float over a few values (x - k exact for x
+ * near k, and the squares the size of the spread), are added to the raw sums in double:
+ * sum += s1 + n k, sumsq += s2 + 2 k s1 + n k^2.  The variance sumsq / count - mean^2
+ * then loses nothing to the float sums, where sums of x and x^2 in float cancelled in
+ * it, a fifth of it lost at a mean 1000 times the standard deviation; the errors of s1
+ * enter both terms alike and cancel. */
+static inline void mdl_add_shifted_sums(double k, double n, double s1, double s2, double *sum,
+                                        double *sumsq)
+{
+    *sum += s1 + n * k;
+    *sumsq += s2 + k * (2.0 * s1 + n * k);
+}
+
 /* The size of the pieces that split count units about four to a thread, for loops
  * that hand their work out one piece at a time (schedule(dynamic)): a thread that
  * the machine delays leaves its pieces to the others. */

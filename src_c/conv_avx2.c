@@ -104,12 +104,18 @@ static inline void affine_row(float *d, const float *src, int64_t w, int mapped,
         copy_row(d, src, w);
 }
 
-/* R rows' sums side by side: each row's own chain of adds is the same as alone, but one
- * chain waits on the add's latency for every vector, R of them keep the adder busy */
+/* R rows' sums side by side, each row's 8-vectors shifted by the mean of its first 8
+ * values, k, in float over 128 columns at a time (mdl_add_shifted_sums), the values after
+ * the last whole vector in double: each row's own chain of adds is the same as alone,
+ * but one chain waits on the add's latency for every vector, R of them keep the adder
+ * busy */
 static inline __attribute__((always_inline)) void
 row_sums(const int R, int64_t P, const float *y, double *sum, double *sumsq)
 {
     double s[4] = {0.0}, q[4] = {0.0};
+    __m256 k[4];
+    for (int i = 0; i < R; i++)
+        k[i] = _mm256_set1_ps(P < 8 ? 0.0f : mdl_hsum_ps(_mm256_loadu_ps(y + i * P)) / 8.0f);
     for (int64_t j0 = 0; j0 < P; j0 += 128) {
         const int64_t j1 = j0 + 128 < P ? j0 + 128 : P;
         __m256 a[4], b[4];
@@ -117,17 +123,18 @@ row_sums(const int R, int64_t P, const float *y, double *sum, double *sumsq)
         int64_t j = j0;
         for (; j + 8 <= j1; j += 8)
             for (int i = 0; i < R; i++) {
-                const __m256 v = _mm256_loadu_ps(y + i * P + j);
-                a[i] = _mm256_add_ps(a[i], v);
-                b[i] = _mm256_fmadd_ps(v, v, b[i]);
+                const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(y + i * P + j), k[i]);
+                a[i] = _mm256_add_ps(a[i], d);
+                b[i] = _mm256_fmadd_ps(d, d, b[i]);
             }
         for (int i = 0; i < R; i++) {
-            const float *p = y + i * P;
-            s[i] += mdl_hsum_ps(a[i]);
-            q[i] += mdl_hsum_ps(b[i]);
-            for (int64_t t = j; t < j1; t++) {
-                s[i] += p[t];
-                q[i] += (double)p[t] * p[t];
+            if (j > j0)
+                mdl_add_shifted_sums(_mm256_cvtss_f32(k[i]), (double)(j - j0),
+                                     mdl_hsum_ps(a[i]), mdl_hsum_ps(b[i]), s + i, q + i);
+            for (int64_t t = j; t < j1; t++) { /* the last few in double */
+                const double v = y[i * P + t];
+                s[i] += v;
+                q[i] += v * v;
             }
         }
     }

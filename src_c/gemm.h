@@ -37,8 +37,8 @@ static inline void mdl_gemm_grid(int nt, int64_t mt, int64_t ntl, int *tm, int *
 /* What the GEMM kernels do to each final element of C, row by row, while the tile
  * is still in registers: v = v + bias[row] (bias not NULL), v = max(v, 0) (relu),
  * then row_sum[row] += v and row_sumsq[row] += v * v over the row's elements
- * (row_sum not NULL; the sums of a 16-column tile are added in float, then to
- * the double).  Rows index C's rows. */
+ * (row_sum not NULL; each tile row's sums shifted by its mean in float, then added in
+ * double, mdl_add_shifted_sums).  Rows index C's rows. */
 typedef struct mdl_epilogue {
     const float *bias;
     int relu;

@@ -177,15 +177,16 @@ enum {
             c##r##0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), c##r##0);                \
             c##r##1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), c##r##1);            \
         }                                                                               \
-        if (ep) epilogue_row(ep, row0 + r, &c##r##0, &c##r##1, m0, m1);                 \
+        if (ep) epilogue_row(ep, row0 + r, &c##r##0, &c##r##1, m0, m1, cols);           \
         _mm256_storeu_ps(cr, c##r##0);                                                  \
         _mm256_storeu_ps(cr + 8, c##r##1);                                              \
     }
 
-/* One row of a tile, v0 | v1 (16 columns; m0 | m1 mark the valid ones): + bias,
- * max(0, .), then the row's sum and sum of squares added to the epilogue's sums. */
+/* One row of a tile, v0 | v1 (16 columns; m0 | m1 mark the valid ones, n of them): +
+ * bias, max(0, .), then the row's sum and sum of squares added to the epilogue's sums. */
 static inline __attribute__((always_inline)) void
-epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256 m0, __m256 m1)
+epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256 m0, __m256 m1,
+             int n)
 {
     if (ep->bias) {
         const __m256 b = _mm256_set1_ps(ep->bias[row]);
@@ -196,10 +197,15 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
         *v0 = _mm256_max_ps(_mm256_setzero_ps(), *v0); /* NaN passes: max_ps returns */
         *v1 = _mm256_max_ps(_mm256_setzero_ps(), *v1); /* its second operand then */
     }
-    if (ep->row_sum) {
-        __m256 a0 = _mm256_and_ps(*v0, m0), a1 = _mm256_and_ps(*v1, m1);
-        ep->row_sum[row] += mdl_hsum_ps(_mm256_add_ps(a0, a1));
-        ep->row_sumsq[row] += mdl_hsum_ps(_mm256_fmadd_ps(a0, a0, _mm256_mul_ps(a1, a1)));
+    if (ep->row_sum) { /* shifted by the tile row's mean (mdl_add_shifted_sums) */
+        const float mean = mdl_hsum_ps(_mm256_add_ps(_mm256_and_ps(*v0, m0),
+                                                     _mm256_and_ps(*v1, m1))) / (float)n;
+        const __m256 k = _mm256_set1_ps(mean);
+        const __m256 d0 = _mm256_and_ps(_mm256_sub_ps(*v0, k), m0);
+        const __m256 d1 = _mm256_and_ps(_mm256_sub_ps(*v1, k), m1);
+        mdl_add_shifted_sums(_mm256_cvtss_f32(k), n, mdl_hsum_ps(_mm256_add_ps(d0, d1)),
+                             mdl_hsum_ps(_mm256_fmadd_ps(d0, d0, _mm256_mul_ps(d1, d1))),
+                             ep->row_sum + row, ep->row_sumsq + row);
     }
 }
 

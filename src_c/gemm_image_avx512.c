@@ -58,9 +58,11 @@ rows_epilogue(const mdl_epilogue *ep, int64_t row, __m512 v)
 {
     if (ep->bias) v = _mm512_add_ps(v, _mm512_set1_ps(ep->bias[row]));
     if (ep->relu) v = _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN passes */
-    if (ep->row_sum) {
-        ep->row_sum[row] += _mm512_reduce_add_ps(v);
-        ep->row_sumsq[row] += _mm512_reduce_add_ps(_mm512_mul_ps(v, v));
+    if (ep->row_sum) { /* shifted by their mean (mdl_add_shifted_sums) */
+        const __m512 k = _mm512_set1_ps(_mm512_reduce_add_ps(v) / 16.0f), d = _mm512_sub_ps(v, k);
+        mdl_add_shifted_sums(_mm512_cvtss_f32(k), 16.0, _mm512_reduce_add_ps(d),
+                             _mm512_reduce_add_ps(_mm512_mul_ps(d, d)), ep->row_sum + row,
+                             ep->row_sumsq + row);
     }
     return v;
 }

@@ -25,6 +25,7 @@ typedef __m256i vi;
 #define v_fnmadd _mm256_fnmadd_ps
 #define v_max _mm256_max_ps
 #define v_set1 _mm256_set1_ps
+#define v_mul _mm256_mul_ps
 #define v_zero _mm256_setzero_ps
 #define v_loadu _mm256_loadu_ps
 #define v_storeu _mm256_storeu_ps
@@ -57,6 +58,24 @@ static inline __attribute__((always_inline)) void v_add_to_doubles(double *d, __
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
     _mm256_storeu_pd(d, _mm256_add_pd(_mm256_loadu_pd(d), lo));
     _mm256_storeu_pd(d + 4, _mm256_add_pd(_mm256_loadu_pd(d + 4), hi));
+}
+
+/* the VL channels' sums and sums of squares += those of n values shifted by k:
+ * s = sum (x - k), q = sum (x - k)^2 (mdl_add_shifted_sums) */
+static inline __attribute__((always_inline)) void v_add_shifted(double *sum, double *sumsq,
+                                                               __m256 k, __m256 s, __m256 q,
+                                                               double n)
+{
+    const __m256 in[3] = {k, s, q};
+    for (int h = 0; h < 2; h++) {
+        __m256d d[3];
+        for (int i = 0; i < 3; i++)
+            d[i] = _mm256_cvtps_pd(h ? _mm256_extractf128_ps(in[i], 1) : _mm256_castps256_ps128(in[i]));
+        const __m256d nk = _mm256_mul_pd(_mm256_set1_pd(n), d[0]);
+        _mm256_storeu_pd(sum + 4 * h, _mm256_add_pd(_mm256_loadu_pd(sum + 4 * h), _mm256_add_pd(d[1], nk)));
+        const __m256d t = _mm256_fmadd_pd(d[0], _mm256_fmadd_pd(_mm256_set1_pd(2.0), d[1], nk), d[2]);
+        _mm256_storeu_pd(sumsq + 4 * h, _mm256_add_pd(_mm256_loadu_pd(sumsq + 4 * h), t));
+    }
 }
 
 #include "winograd_channels.h"

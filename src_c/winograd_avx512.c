@@ -49,6 +49,7 @@ typedef __m512i vi;
 #define v_fnmadd _mm512_fnmadd_ps
 #define v_max _mm512_max_ps
 #define v_set1 _mm512_set1_ps
+#define v_mul _mm512_mul_ps
 #define v_zero _mm512_setzero_ps
 #define v_loadu _mm512_loadu_ps
 #define v_storeu _mm512_storeu_ps
@@ -101,6 +102,25 @@ static inline __attribute__((always_inline)) void v_add_to_doubles(double *d, __
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
     _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_cvtps_pd(hi)));
+}
+
+/* the VL channels' sums and sums of squares += those of n values shifted by k:
+ * s = sum (x - k), q = sum (x - k)^2 (mdl_add_shifted_sums) */
+static inline __attribute__((always_inline)) void v_add_shifted(double *sum, double *sumsq,
+                                                               __m512 k, __m512 s, __m512 q,
+                                                               double n)
+{
+    const __m512 in[3] = {k, s, q};
+    for (int h = 0; h < 2; h++) {
+        __m512d d[3];
+        for (int i = 0; i < 3; i++)
+            d[i] = _mm512_cvtps_pd(h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(in[i]), 1))
+                                     : _mm512_castps512_ps256(in[i]));
+        const __m512d nk = _mm512_mul_pd(_mm512_set1_pd(n), d[0]);
+        _mm512_storeu_pd(sum + 8 * h, _mm512_add_pd(_mm512_loadu_pd(sum + 8 * h), _mm512_add_pd(d[1], nk)));
+        const __m512d t = _mm512_fmadd_pd(d[0], _mm512_fmadd_pd(_mm512_set1_pd(2.0), d[1], nk), d[2]);
+        _mm512_storeu_pd(sumsq + 8 * h, _mm512_add_pd(_mm512_loadu_pd(sumsq + 8 * h), t));
+    }
 }
 
 #include "winograd_channels.h"

@@ -7,7 +7,7 @@
  *                   32 registers, 12 of AVX2's 16); CB_MAX the most vectors of output
  *                   channels per block (4, 2)
  *   WINO_NAME(x)    the exported name of x
- *   v_add v_sub v_fmadd v_fnmadd v_max v_set1 v_zero v_loadu v_storeu
+ *   v_add v_sub v_mul v_fmadd v_fnmadd v_max v_set1 v_zero v_loadu v_storeu
  *                   the vector operations
  *   v_lane_index(stride), v_gather(p, index)   lane l: l * stride; p[index lane l]
  *   v_load_first(p, n)   the first n floats at p, zeros after (nothing past them read)
@@ -15,6 +15,8 @@
  *   v_tile_transpose(o), v_tile_rows(o, k, rows)   a 4x4 tile's 16 outputs o[4 r + c]
  *                   (VL channels each) to channel k's 4 rows of 4 floats
  *   v_add_to_doubles(d, v)   the VL doubles at d += v
+ *   v_add_shifted(sum, sumsq, k, s, q, n)   the VL doubles at sum and sumsq += the
+ *                   sums of n values from their sums shifted by k (mdl_add_shifted_sums)
  *
  * The method is described in winograd_avx512.c. */
 #ifndef MDL_WINOGRAD_CHANNELS_H
@@ -405,15 +407,18 @@ tile_outputs(const int A, int64_t c_out, int64_t co, const float *m, const float
     }
     if (relu)
         for (int p = 0; p < 16; p++) o[p] = v_max(zero, o[p]); /* NaN passes */
-    if (sums) {
-        vf s = zero, q = zero;
+    if (sums) { /* shifted by the tile's mean (mdl_add_shifted_sums) */
+        vf s = zero, q = zero, k = zero;
+        for (int p = 0; p < 16; p++)
+            if (p / 4 < nr && p % 4 < nc) k = v_add(k, o[p]);
+        k = v_mul(k, v_set1(1.0f / (float)(nr * nc)));
         for (int p = 0; p < 16; p++)
             if (p / 4 < nr && p % 4 < nc) {
-                s = v_add(s, o[p]);
-                q = v_fmadd(o[p], o[p], q);
+                const vf d = v_sub(o[p], k);
+                s = v_add(s, d);
+                q = v_fmadd(d, d, q);
             }
-        v_add_to_doubles(sums + co, s);
-        v_add_to_doubles(sums + c_out + co, q);
+        v_add_shifted(sums + co, sums + c_out + co, k, s, q, (double)(nr * nc));
     }
 }
 

@@ -132,8 +132,8 @@ struct taps {
 
 /* y (n, c_out, P) = w (c_out, K) @ col (K, n*P) + bias: i = co, k = (ci, r, s), j = (img, oh, ow);
  * FUSED: col gathers in(x).  A thread's column (pixel) is fixed, each slice's taps a table.
- * STATS: each tile's sums of y and y^2 by channel, for tile column t at part_sum[co *
- * tiles_n + t] and part_sq[...] (conv_stats_reduce adds them up). */
+ * STATS: each tile's sums of y and y^2 by channel in double, for tile column t at
+ * part_sum[co * tiles_n + t] and part_sq[...] (conv_stats_reduce adds them up). */
 template <bool FUSED, bool STATS>
 struct ConvForward {
     static constexpr bool A_K_FAST = true, B_K_FAST = false, ROW_STATS = STATS;
@@ -143,7 +143,7 @@ struct ConvForward {
     float *y;
     int relu;
     mdl_input_map<FUSED> in;
-    float *part_sum, *part_sq;
+    double *part_sum, *part_sq;
     int tiles_n;
 
     using Shared = taps<FUSED, 2 * MDL_GEMM_BK>;
@@ -172,7 +172,7 @@ struct ConvForward {
         y[((int64_t)img * g.c_out + i) * g.P + p] = v;
         return v;
     }
-    __device__ void row_stats(int t, int i, float sum, float sumsq) const
+    __device__ void row_stats(int t, int i, double sum, double sumsq) const
     {
         part_sum[(int64_t)i * tiles_n + t] = sum;
         part_sq[(int64_t)i * tiles_n + t] = sumsq;
@@ -314,15 +314,15 @@ conv_channel_sums(int n, int c_out, int P, const float *y, double *sum, double *
  * sums (ConvForward with STATS: part_sum[co * tiles + t], part_sq likewise) in double:
  * block co, a fixed-order tree */
 __global__ void __launch_bounds__(MDL_CHANNEL_THREADS)
-conv_stats_reduce(int tiles, const float *part_sum, const float *part_sq, double *sum,
+conv_stats_reduce(int tiles, const double *part_sum, const double *part_sq, double *sum,
                   double *sumsq)
 {
     __shared__ double scratch[32];
     const int64_t co = blockIdx.x;
     double a = 0.0, q2 = 0.0;
     for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
-        a += (double)part_sum[co * tiles + t];
-        q2 += (double)part_sq[co * tiles + t];
+        a += part_sum[co * tiles + t];
+        q2 += part_sq[co * tiles + t];
     }
     a = mdl_block_sum(a, scratch);
     q2 = mdl_block_sum(q2, scratch);
@@ -349,11 +349,12 @@ mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s, int64_t *h_out
     return mdl_conv2d_check_shape(__func__, s, h_out, w_out);
 }
 
-/* The forward's per-tile channel statistics: two floats a channel and tile column */
+/* The forward's per-tile channel statistics: two doubles a channel and tile column, from
+ * the workspace's first multiple of 8 bytes */
 static size_t stats_workspace(const conv_geom &g)
 {
     return 2 * (size_t)mdl::gemm_tiles_n(g.c_out, (int64_t)g.n * g.P) * (size_t)g.c_out *
-           sizeof(float);
+               sizeof(double) + sizeof(double);
 }
 
 static size_t workspace_bytes_for(const conv_geom &g)
@@ -384,8 +385,8 @@ static mdl_status check_workspace(const char *fn, const conv_geom &g, const void
 /* The forward's kernel, with the tiles' channel statistics (part_sum != NULL) or without */
 template <bool FUSED>
 static void launch_forward(const conv_geom &g, const float *x, mdl_input_map<FUSED> in,
-                           const float *w, const float *bias, int relu, float *y, float *part_sum,
-                           float *part_sq, int tiles_n, cudaStream_t stream)
+                           const float *w, const float *bias, int relu, float *y, double *part_sum,
+                           double *part_sq, int tiles_n, cudaStream_t stream)
 {
     if (part_sum) {
         ConvForward<FUSED, true> p = {g.c_out, g.n * g.P, g.K, g.K, g, x, w, bias, y, relu != 0,
@@ -416,8 +417,9 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
      * added up (conv_stats_reduce); without a workspace, a pass over y */
     const bool stats = channel_sum || channel_sumsq, in_epilogue = stats && workspace;
     const int tiles_n = (int)mdl::gemm_tiles_n(g.c_out, (int64_t)g.n * g.P);
-    float *const part_sum = in_epilogue ? (float *)workspace : NULL;
-    float *const part_sq = in_epilogue ? part_sum + (int64_t)tiles_n * g.c_out : NULL;
+    double *const part_sum =
+        in_epilogue ? (double *)(((uintptr_t)workspace + 7) & ~(uintptr_t)7) : NULL;
+    double *const part_sq = in_epilogue ? part_sum + (int64_t)tiles_n * g.c_out : NULL;
     if (in && (in->scale || in->relu)) /* otherwise the identity: the plain kernel */
         launch_forward<true>(g, x, mdl_affine_of(in), w, bias, relu, y, part_sum, part_sq,
                              tiles_n, stream);

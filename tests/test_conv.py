@@ -289,6 +289,30 @@ def test_conv_algorithms(simd, threads, conv_algo, rng, case):
                        atol=1e-6 * scale * np.abs(want).max())
 
 
+# shapes whose channel sums each path takes: in the GEMM's tiles (column matrix, 1x1),
+# after the tiles (read in place, grouped images), in Winograd's output transforms
+STATS_CASES = [(4, 8, 9, 7, 16, 3, 3, 1, 1), (2, 8, 16, 16, 16, 3, 3, 1, 1),
+               (8, 8, 4, 4, 16, 3, 3, 1, 1), (2, 16, 12, 12, 32, 1, 1, 1, 0),
+               (2, 64, 16, 16, 64, 3, 3, 1, 1), (3, 32, 16, 16, 32, 5, 5, 1, 2)]
+
+
+@pytest.mark.parametrize("case", STATS_CASES, ids=ids)
+def test_channel_sums_far_from_zero(simd, threads, conv_algo, rng, case):
+    """The fused statistics of outputs whose mean is hundreds of times their spread:
+    the variance from the sums as from the float64 outputs (float sums lost up to a
+    fifth of it at 1000 times)."""
+    x, wt, _, kw = make(rng, case)
+    wt *= 0.1
+    b = np.full(wt.shape[0], 1000.0, np.float32)
+    y, s, q = ops.conv2d_fused(x, wt, b, stats=True, **kw)
+    yd = y.astype(np.float64)
+    count = yd.size // wt.shape[0]
+    var = yd.var(axis=(0, 2, 3))
+    assert np.all(yd.mean(axis=(0, 2, 3)) > 300 * np.sqrt(var))
+    np.testing.assert_allclose(s / count, yd.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(q / count - (s / count) ** 2, var, rtol=1e-6)
+
+
 def test_conv_algo_setting():
     assert minidl.get_conv_algo() == "auto"
     with pytest.raises(ValueError, match="conv algorithm must be one of"):

@@ -230,7 +230,7 @@ def test_conv2d_forward_epilogue(gpu, rng, case):
     _C.conv2d_forward_ex(shape, x.ravel(), wt.ravel(), bias, True, want_s, want_q, want.ravel())
     scale = np.sqrt(want.size / c_out) * max(np.abs(want).max(), 1.0)
     ws, ws_bytes = gpu.ws(cuda.conv2d_workspace_size(shape))
-    assert ws_bytes >= 8 * c_out  # at least one tile's pair of floats a channel
+    assert ws_bytes >= 16 * c_out  # at least one tile's pair of doubles a channel
     sums = {}
     for how, args in (("epilogue", (ws, ws_bytes)), ("epilogue again", (ws, ws_bytes)),
                       ("pass", ())):
@@ -244,6 +244,32 @@ def test_conv2d_forward_epilogue(gpu, rng, case):
         assert np.allclose(sums[how][1], want_q, rtol=1e-5, atol=1e-5 * scale ** 2), how
     for a, b in zip(sums["epilogue"], sums["epilogue again"]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", [(2, 8, 9, 7, 16, 3, 3, 1, 1), (3, 16, 12, 12, 40, 1, 1, 1, 0)])
+def test_conv2d_channel_sums_far_from_zero(gpu, rng, case):
+    """The channel sums in double (the tiles' in the epilogue, into a workspace 4 bytes
+    off an 8-byte boundary, and the pass over y): outputs whose mean is hundreds of
+    times their spread give the variance of the float64 outputs (float sums lost up to
+    a fifth of it at 1000 times)."""
+    shape, (ho, wo), x, wt, _, _, _ = conv_case(rng, *case)
+    wt *= 0.1
+    c_out = wt.shape[0]
+    bias = np.full(c_out, 1000.0, np.float32)
+    need = cuda.conv2d_workspace_size(shape)
+    ws, _ = gpu.ws(need + 4)
+    for args in ((ws + 4, need), ()):
+        py, ps, pq = (gpu.empty((x.shape[0], c_out, ho, wo)), gpu.empty(c_out, np.float64),
+                      gpu.empty(c_out, np.float64))
+        run(cuda.conv2d_forward_ex, shape, gpu.up(x), gpu.up(wt), gpu.up(bias), False, ps, pq,
+            py, *args)
+        y = gpu.down(py, (x.shape[0], c_out, ho, wo)).astype(np.float64)
+        s, q = gpu.down(ps, c_out, np.float64), gpu.down(pq, c_out, np.float64)
+        count = y.size // c_out
+        var = y.var(axis=(0, 2, 3))
+        assert np.all(y.mean(axis=(0, 2, 3)) > 300 * np.sqrt(var))
+        np.testing.assert_allclose(s / count, y.mean(axis=(0, 2, 3)), rtol=1e-12)
+        np.testing.assert_allclose(q / count - (s / count) ** 2, var, rtol=1e-6)
 
 
 @pytest.mark.parametrize("case", CONV_SHAPES)

@@ -67,9 +67,10 @@ int main(void)
     EXPECT_ERROR(mdl_cuda_conv2d_backward_data_fused(&cs, p, p, NULL, 1, NULL, 0, NULL),
                  MDL_ERR_ARG, "mdl_cuda_conv2d_backward_data_fused: dx must not be NULL");
     /* the forward's channel sums take each output tile's in the workspace: a pair of
-     * floats a channel for cs's one tile of 128 columns */
+     * doubles a channel for cs's one tile of 128 columns, from an 8-byte boundary */
     const size_t sums = mdl_cuda_conv2d_workspace_size(&cs);
-    EXPECT(sums == 2 * 4 * sizeof(float), "the channel sums' workspace: %zu bytes", sums);
+    EXPECT(sums == 2 * 4 * sizeof(double) + sizeof(double), "the channel sums' workspace: %zu bytes",
+           sums);
     EXPECT_ERROR(mdl_cuda_conv2d_forward_ex(&cs, p, p, NULL, 0, (double *)p, NULL, p, p,
                                             sums - 1, NULL),
                  MDL_ERR_WORKSPACE, "workspace has");
