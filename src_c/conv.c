@@ -272,9 +272,14 @@ static int64_t weights_group(const mdl_conv2d_shape *s, int64_t P, int pointwise
     if (group == 1 || s->c_out * s->c_in * s->kh * s->kw < WEIGHTS_GROUP_MIN_FLOATS) return group;
     return (WEIGHTS_GROUP_COLUMNS + P - 1) / P;
 }
-static int weights_dot(const mdl_conv2d_shape *s, int64_t wo)
+/* The weight gradient's dot products need DOT_MIN_PIXELS output pixels in the call:
+ * with fewer (one or two 8x8 images) each is a few vectors long, its horizontal sum as
+ * costly, and the GEMM over the column matrix is faster (AMD Zen 3, 2 threads, 3x3,
+ * 256 and 512 channels: one 8x8 image 1.7x, two 1.3-1.4x, four 1.0-1.15x). */
+#define DOT_MIN_PIXELS 256
+static int weights_dot(const mdl_conv2d_shape *s, int64_t ho, int64_t wo)
 {
-    return wo % 8 == 0 && (s->kh > 1 || s->kw > 1);
+    return wo % 8 == 0 && (s->kh > 1 || s->kw > 1) && s->n * ho * wo >= DOT_MIN_PIXELS;
 }
 
 /* Tiny images that every output pixel's window covers whole, with fewer pixels than the
@@ -707,7 +712,7 @@ static mdl_status geometry(const char *fn, const mdl_conv2d_shape *s, conv_geom 
      * panel (and the group's dy side by side) */
     const int64_t wgp = weights_group(s, g->P, g->pointwise) * g->P;
     size_t per_w = FLOATS((size_t)(s->c_out * g->K)) +
-                   (weights_dot(s, g->wo)
+                   (weights_dot(s, g->ho, g->wo)
                         ? DOT_IMAGES(g->P) * phase_floats(s) + TABLE_FLOATS(g->K)
                         : FLOATS(g->pointwise ? 0 : (size_t)(g->K * wgp)) +
                               FLOATS(mdl_sgemm_avx2_packed_a_floats(s->c_out, wgp)) +
@@ -1027,8 +1032,7 @@ static void spread(int64_t c_out, int64_t P, int64_t ld, const float *out, const
 /* wf (c_in, c_out, kh, kw) = w's kernels flipped, the weights of the data gradient's
  * convolution (transposed_shape) for Winograd and the AVX-512 tiles (the AVX2 GEMM's
  * packing flips them itself), in blocks of 16 x 16 channel pairs over the threads
- * (pair by pair in w's order it took 6 ms at 512 x 2048, 1x1: every write a cache line
- * of its own) */
+ * (pair by pair in w's order, every write was a cache line of its own) */
 static void flip_weights(const mdl_conv2d_shape *s, const float *w, float *wf)
 {
     const int64_t kk = s->kh * s->kw, c_out = s->c_out, c_in = s->c_in;
@@ -1613,9 +1617,9 @@ static mdl_status weights_winograd_sums(const mdl_conv2d_shape *s, const conv_ge
 /* Images [b0, b1) of the weight gradient into columns [k0, k1) of c (rows ldc floats
  * apart): c = (c +, add) the sum of their dy[b] (c_out, P) @ col(x[b])^T, through
  * buf, this thread's buffers (up to end).  Rows a multiple of 8 wide (not a 1x1
- * kernel): dot products over the phase planes of a few images at a time
- * (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the column
- * matrix's rows [k0, k1) read transposed as B.  Each value is the same whatever
+ * kernel; from DOT_MIN_PIXELS): dot products over the phase planes of a few images at
+ * a time (mdl_conv_weights_dot_avx2); otherwise dy[b] packed as the A operand and the
+ * column matrix's rows [k0, k1) read transposed as B.  Each value is the same whatever
  * [k0, k1) holds it. */
 static void weights_images(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                            const mdl_affine *in, const float *dy, int64_t b0, int64_t b1,
@@ -1623,7 +1627,7 @@ static void weights_images(const mdl_conv2d_shape *s, const conv_geom *g, const 
                            float *end)
 {
     const int64_t c_out = s->c_out, K = g->K, P = g->P, image = s->c_in * s->h * s->w;
-    const int dot = weights_dot(s, g->wo), avx512 = mdl_use_avx512();
+    const int dot = weights_dot(s, g->ho, g->wo), avx512 = mdl_use_avx512();
     const int64_t igroup = dot ? 1 : weights_group(s, g->P, g->pointwise), nk = k1 - k0;
     /* the im2col + GEMM buffers, or the padded images and their row offsets */
     float *col = buf, *pa = col + FLOATS(g->pointwise ? 0 : K * P * igroup);
@@ -1674,8 +1678,7 @@ static void weights_images(const mdl_conv2d_shape *s, const conv_geom *g, const 
  * thread sums its share of the images into its own partial dw, then the partials are
  * added to dw in thread order.  With fewer (or one thread): each thread takes all the
  * images for a share of dw's columns, in dw itself, and each value is the same on any
- * number of threads.  Or by
- * Winograd, where the forward uses winograd_avx512.c. */
+ * number of threads.  Or by Winograd, where the forward uses winograd_avx512.c. */
 static void weights_per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
                               const mdl_affine *in, const float *dy, float *dw, int accumulate,
                               float *ws, size_t avail)

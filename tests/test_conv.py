@@ -195,14 +195,15 @@ def test_fewer_images_than_threads_share_rows(simd, rng, case):
 
 
 @pytest.mark.parametrize("case", [(1, 24, 4, 4, 64, 3, 3, 1, 1), (5, 24, 7, 5, 20, 3, 3, 1, 1),
-                                  (1, 20, 8, 8, 30, 3, 3, 1, 1), (1, 150, 4, 4, 60, 1, 1, 1, 0),
-                                  (1, 150, 2, 2, 60, 1, 1, 1, 0), (2, 16, 8, 16, 12, 5, 5, 2, 2)],
+                                  (1, 20, 8, 8, 30, 3, 3, 1, 1), (4, 20, 8, 8, 30, 3, 3, 1, 1),
+                                  (1, 150, 4, 4, 60, 1, 1, 1, 0), (1, 150, 2, 2, 60, 1, 1, 1, 0),
+                                  (8, 16, 8, 16, 12, 5, 5, 2, 2)],
                          ids=ids)
 def test_few_images_share_dw_columns(simd, rng, case):
     """The weight gradient of up to 4 images a thread: dw's columns split among the
     threads, written in place (overwritten, or added to), every value as on one thread;
-    the GEMM's paths (grouped, per image, 1x1 in place and grouped), the dot products',
-    with and without the input map."""
+    the GEMM's paths (grouped, per image, rows of 8 under 256 pixels, 1x1 in place and
+    grouped), the dot products' (from 256 pixels), with and without the input map."""
     x, wt, _, kw = make(rng, case)
     shape = c_shape(case)
     ho, wo = _C.conv2d_output_size(shape)
