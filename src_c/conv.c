@@ -1188,7 +1188,8 @@ typedef struct image_job {
     const conv_geom *g;
     const float *x;
     const mdl_affine *in;
-    const float *pa, *bias;
+    const float *pa, *bias; /* pa: the weights packed, or as they are (lda K) */
+    int64_t lda;
     const int64_t *off; /* the in-place tiles' offsets, rows wp floats apart */
     const pooling *pl;
     float *y;
@@ -1225,8 +1226,8 @@ static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, in
             mdl_sgemm_avx512_packed_image(c_out, K, j->pa, col, g->wo, j->wp, P, j->off, j->beta,
                                           out, P, e);
         else
-            mdl_sgemm_avx2_packed_image_rows(c_out, r0, r1, K, j->pa, col, g->wo, j->wp, P,
-                                             j->off, j->beta, out, P, e);
+            mdl_sgemm_avx2_packed_image_rows(c_out, r0, r1, K, j->pa, j->lda, col, g->wo, j->wp,
+                                             P, j->off, j->beta, out, P, e);
     } else {
         const float *src = input_image(s, j->x, b, j->in, end);
         if (!g->pointwise) {
@@ -1234,13 +1235,13 @@ static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, in
             src = col;
         }
         if (grouped) {
-            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, src, P, 0.0f, obuf, P, NULL,
-                                       bbuf);
+            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, j->lda, src, P, 0.0f, obuf,
+                                       P, NULL, bbuf);
             spread(r1 - r0, P, P, obuf + r0 * P, j->bias ? j->bias + r0 : NULL, j->relu, j->beta,
                    out + r0 * P);
         } else {
-            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, src, P, j->beta, out, P, e,
-                                       bbuf);
+            mdl_sgemm_avx2_packed_rows(0, c_out, r0, r1, P, K, j->pa, j->lda, src, P, j->beta,
+                                       out, P, e, bbuf);
         }
     }
     if (sums_after) mdl_conv_row_sums_avx2(r1 - r0, P, out + r0 * P, sb + r0, sb + c_out + r0);
@@ -1249,6 +1250,21 @@ static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, in
                         j->y + (b * c_out + r0) * j->pl->g.ho * j->pl->g.wo);
 }
 #endif
+
+/* The threads for per_image's split of an image's rows (of nt) */
+static int split_threads(const conv_geom *g, size_t avail, int nt)
+{
+    const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
+    return (size_t)nt > fit ? (int)fit : nt;
+}
+
+/* Whether per_image splits each image's rows among nr threads: fewer images than
+ * threads on the AVX2 GEMM's paths, SPLIT_ROWS_MIN_PANELS micro-panels a thread */
+static int splits_rows(const mdl_conv2d_shape *s, const conv_geom *g, int wino, int nr)
+{
+    const int64_t panels = (s->c_out + MDL_SGEMM_AVX2_MR - 1) / MDL_SGEMM_AVX2_MR;
+    return s->n < nr && !wino && !avx512_rows(s, g) && panels >= SPLIT_ROWS_MIN_PANELS * nr;
+}
 
 /* y[b] (c_out, P) = pa @ col(in(x[b])) + beta * y[b] (beta 0 or 1) with the epilogue,
  * for every image b; pa is the packed weights, in the map x is read through (NULL:
@@ -1261,14 +1277,14 @@ static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, in
  * each image's share spread to y with the epilogue.  With the pooling pl (not NULL),
  * each call's output goes to the thread's buffer and y gets its pooling. */
 static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float *x,
-                      const mdl_affine *in, int wino, const float *pa, const float *bias,
-                      int relu, double *sums, const pooling *pl, float beta, float *y, float *ws,
-                      size_t avail, int nt)
+                      const mdl_affine *in, int wino, const float *pa, const float *w,
+                      const float *bias, int relu, double *sums, const pooling *pl, float beta,
+                      float *y, float *ws, size_t avail, int nt)
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P;
     const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
-    const int nr = (size_t)nt > fit ? (int)fit : nt; /* threads for a split of the rows */
+    const int nr = split_threads(g, avail, nt);
     if (nt > s->n) nt = (int)s->n;
     if ((size_t)nt > fit) nt = (int)fit;
     if (nt < 1) nt = 1;
@@ -1287,7 +1303,7 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
     const int64_t wp = phases_of(s).cols;
     if (in_place) padded_offsets(s, off);
     if (batched) batch_offsets(s, off);
-    const image_job job = {s, g, x, in, pa, bias, off, pl, y, beta, wp, relu, in_place, avx512};
+    image_job job = {s, g, x, in, pa, bias, 0, off, pl, y, beta, wp, relu, in_place, avx512};
     const int channels = wino == WINO_CHANNELS || wino == WINO_CHANNELS8;
     const int64_t group = wino == WINO_CHANNELS    ? mdl_winograd_avx512_group(s, g->ho, g->wo, 0)
                           : wino == WINO_CHANNELS8 ? mdl_winograd8_group(s, g->ho, g->wo, 0)
@@ -1298,12 +1314,13 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
      * does not depend on its unit. */
     const int64_t unit = channels ? group : batched ? BATCH_IMAGES : igroup;
     const int64_t units = (s->n + unit - 1) / unit;
-    /* Fewer images than threads on the AVX2 GEMM's paths: the threads share each
-     * image's product by rows of its output instead, whole micro-panels each, so that
-     * every value is computed as by one thread (SPLIT_ROWS_MIN_PANELS) */
+    /* Fewer images than threads on the AVX2 GEMM's paths (splits_rows): the threads
+     * share each image's product by rows of its output instead, whole micro-panels
+     * each, so that every value is computed as by one thread; the weights read as
+     * they are where the caller gave them (w) */
     const int64_t panels = (c_out + MDL_SGEMM_AVX2_MR - 1) / MDL_SGEMM_AVX2_MR;
-    if (s->n < nr && !channels && !batched && !avx512 && !wino &&
-        panels >= SPLIT_ROWS_MIN_PANELS * nr) {
+    if (splits_rows(s, g, wino, nr)) {
+        if (w) job.pa = w, job.lda = K;
 #pragma omp parallel num_threads(nr)
         {
             int t, T;
@@ -1999,8 +2016,12 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
     float *pa = ws + SUMS_FLOATS(s);
     const int want_sums = channel_sum || channel_sumsq;
     int wino = use_winograd(s, g.wo, 0);
-    pack_weights(s, &g, wino, w, pa);
     const int nt = mdl_threads_for((double)s->n * s->c_out * g.K * g.P);
+    /* where each image's rows are shared by the threads, the weights read as they are
+     * (one pass over them, where packing took two: 41% of one image's call at 512
+     * channels and 4x4) */
+    const int unpacked = splits_rows(s, &g, wino, split_threads(&g, avail, nt));
+    if (!unpacked) pack_weights(s, &g, wino, w, pa);
 #if MDL_X86
     if (wino_sums_algo(wino))
         st = winograd_sums(s, &g, x, in, pa, pa + weights_floats(s, g.K) + TABLE_FLOATS(g.K),
@@ -2008,8 +2029,8 @@ static mdl_status forward(const char *fn, const mdl_conv2d_shape *s, const float
                            avail, nt, wino == WINO_SUMS);
     else
 #endif
-        per_image(s, &g, x, in, wino, pa, bias, relu, want_sums ? sums : NULL,
-                  pool ? &pl : NULL, 0.0f, y, ws, avail, nt);
+        per_image(s, &g, x, in, wino, pa, unpacked ? w : NULL, bias, relu,
+                  want_sums ? sums : NULL, pool ? &pl : NULL, 0.0f, y, ws, avail, nt);
     if (want_sums && st == MDL_OK) add_image_sums(s->n, s->c_out, sums, channel_sum, channel_sumsq);
     mdl_workspace_done(owned);
     return st;
@@ -2203,7 +2224,8 @@ static mdl_status backward_data(const char *fn, const mdl_conv2d_shape *s, const
                                NULL, beta, dx, ws, avail, nt, wino == WINO_SUMS);
         else
 #endif
-            per_image(&t, &gt, dy, NULL, wino, pa, NULL, 0, NULL, NULL, beta, dx, ws, avail, nt);
+            per_image(&t, &gt, dy, NULL, wino, pa, NULL, NULL, 0, NULL, NULL, beta, dx, ws, avail,
+                      nt);
         mdl_workspace_done(owned);
         return st;
     }

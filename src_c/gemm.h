@@ -73,11 +73,13 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf);
 /* Its rows [i0, i1) of C only (i0 a multiple of 6, the micro-panels' rows), exactly as
- * the whole product computes them: threads may share one product's rows. */
+ * the whole product computes them: threads may share one product's rows.  pa is A
+ * packed (lda 0) or A itself (m x k, rows lda floats apart), with the same results:
+ * the packing pays where a product's rows meet many columns, not one image's few. */
 void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, int64_t n,
-                                int64_t k, const float *pa, const float *b, int64_t ldb,
-                                float beta, float *c, int64_t ldc, const mdl_epilogue *ep,
-                                float *bbuf);
+                                int64_t k, const float *pa, int64_t lda, const float *b,
+                                int64_t ldb, float beta, float *c, int64_t ldc,
+                                const mdl_epilogue *ep, float *bbuf);
 #define MDL_SGEMM_AVX2_MR 6
 /* The same contract for the blocked AVX-512F SGEMM (gemm_avx512.c). */
 size_t mdl_sgemm_avx512_workspace_floats(int64_t m, int64_t n, int64_t k);
@@ -97,11 +99,11 @@ static inline int64_t mdl_rows_panel(int64_t j, int64_t cols, int64_t ld)
 void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const float *b,
                                  int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                  float beta, float *c, int64_t ldc, const mdl_epilogue *ep);
-/* Its rows [i0, i1) only, as mdl_sgemm_avx2_packed_rows */
+/* Its rows [i0, i1) only, A packed or not (lda), as mdl_sgemm_avx2_packed_rows */
 void mdl_sgemm_avx2_packed_image_rows(int64_t m, int64_t i0, int64_t i1, int64_t k,
-                                      const float *pa, const float *b, int64_t cols, int64_t ld,
-                                      int64_t n, const int64_t *off, float beta, float *c,
-                                      int64_t ldc, const mdl_epilogue *ep);
+                                      const float *pa, int64_t lda, const float *b, int64_t cols,
+                                      int64_t ld, int64_t n, const int64_t *off, float beta,
+                                      float *c, int64_t ldc, const mdl_epilogue *ep);
 /* The same with AVX-512F (gemm_image_avx512.c): mdl_sgemm_avx512_rows_pack_a packs a
  * (m x k, row-major, lda) into pa, which holds mdl_sgemm_avx512_rows_a_floats(m, k)
  * floats (64-byte aligned), for mdl_sgemm_avx512_packed_image. */

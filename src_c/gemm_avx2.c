@@ -276,7 +276,8 @@ static void tile(int rows, int64_t kc, const float *a, int64_t a_ld, const float
                                      beta, ep, row0)
 #define KERNEL_CASE(R)                                                  \
     case R:                                                            \
-        if (off) K(R, 0, B_OFFSETS);                                   \
+        if (off && a_ld) K(R, 1, B_OFFSETS);                           \
+        else if (off) K(R, 0, B_OFFSETS);                              \
         else if (a_ld && b_ld) K(R, 1, B_IN_PLACE);                    \
         else if (a_ld) K(R, 1, B_PACKED);                              \
         else if (b_ld) K(R, 0, B_IN_PLACE);                            \
@@ -521,13 +522,20 @@ void mdl_sgemm_avx2_packed(int trans_b, int64_t m, int64_t n, int64_t k, const f
                            const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                            const mdl_epilogue *ep, float *bbuf)
 {
-    mdl_sgemm_avx2_packed_rows(trans_b, m, 0, m, n, k, pa, b, ldb, beta, c, ldc, ep, bbuf);
+    mdl_sgemm_avx2_packed_rows(trans_b, m, 0, m, n, k, pa, 0, b, ldb, beta, c, ldc, ep, bbuf);
+}
+
+/* K block pc of rows i.. of A: packed (lda 0), or A itself, rows lda floats apart */
+static const float *a_block(const float *pa, int64_t lda, int64_t mp, int64_t pc, int64_t kb,
+                            int64_t i)
+{
+    return lda ? pa + i * lda + pc : pa + pc * mp + i * kb;
 }
 
 void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, int64_t n,
-                                int64_t k, const float *pa, const float *b, int64_t ldb,
-                                float beta, float *c, int64_t ldc, const mdl_epilogue *ep,
-                                float *bbuf)
+                                int64_t k, const float *pa, int64_t lda, const float *b,
+                                int64_t ldb, float beta, float *c, int64_t ldc,
+                                const mdl_epilogue *ep, float *bbuf)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -543,9 +551,9 @@ void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, 
             for (int64_t i = i0; i < i1; i += MR) {
                 const int rows = i1 - i < MR ? (int)(i1 - i) : MR;
                 for (int64_t j = 0; j < nc; j += NR)
-                    tile(rows, kb, pa + pc * mp + i * kb, 0, bbuf + j * kb, 0, NULL, 0,
-                         c + i * ldc + jc + j, ldc, nc - j < NR ? (int)(nc - j) : NR, beta_eff,
-                         last, i);
+                    tile(rows, kb, a_block(pa, lda, mp, pc, kb, i), lda, bbuf + j * kb, 0,
+                         NULL, 0, c + i * ldc + jc + j, ldc, nc - j < NR ? (int)(nc - j) : NR,
+                         beta_eff, last, i);
             }
         }
     }
@@ -554,8 +562,8 @@ void mdl_sgemm_avx2_packed_rows(int trans_b, int64_t m, int64_t i0, int64_t i1, 
 /* Rows [i0, i1) of one 16-column panel of C (m x 16) = pa @ B with B's rows read in
  * place: row p is the 8 floats at b + off[p] followed by the 8 at b + off[p] + half. */
 static void packed_rows(int64_t m, int64_t i0, int64_t i1, int64_t k, const float *pa,
-                        const float *b, const int64_t *off, int64_t half, float beta, float *c,
-                        int64_t ldc, const mdl_epilogue *ep)
+                        int64_t lda, const float *b, const int64_t *off, int64_t half, float beta,
+                        float *c, int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t kc = plan_blocks(1, 1, k).kc, mp = round_up(m, MR);
     for (int64_t pc = 0; pc < k; pc += kc) {
@@ -564,8 +572,8 @@ static void packed_rows(int64_t m, int64_t i0, int64_t i1, int64_t k, const floa
         const mdl_epilogue *last = pc + kb == k ? ep : NULL;
         for (int64_t i = i0; i < i1; i += MR) {
             const int rows = i1 - i < MR ? (int)(i1 - i) : MR;
-            tile(rows, kb, pa + pc * mp + i * kb, 0, b, 0, off + pc, half, c + i * ldc, ldc, NR,
-                 beta_eff, last, i);
+            tile(rows, kb, a_block(pa, lda, mp, pc, kb, i), lda, b, 0, off + pc, half,
+                 c + i * ldc, ldc, NR, beta_eff, last, i);
         }
     }
 }
@@ -573,17 +581,17 @@ void mdl_sgemm_avx2_packed_image(int64_t m, int64_t k, const float *pa, const fl
                                  int64_t cols, int64_t ld, int64_t n, const int64_t *off,
                                  float beta, float *c, int64_t ldc, const mdl_epilogue *ep)
 {
-    mdl_sgemm_avx2_packed_image_rows(m, 0, m, k, pa, b, cols, ld, n, off, beta, c, ldc, ep);
+    mdl_sgemm_avx2_packed_image_rows(m, 0, m, k, pa, 0, b, cols, ld, n, off, beta, c, ldc, ep);
 }
 
 void mdl_sgemm_avx2_packed_image_rows(int64_t m, int64_t i0, int64_t i1, int64_t k,
-                                      const float *pa, const float *b, int64_t cols, int64_t ld,
-                                      int64_t n, const int64_t *off, float beta, float *c,
-                                      int64_t ldc, const mdl_epilogue *ep)
+                                      const float *pa, int64_t lda, const float *b, int64_t cols,
+                                      int64_t ld, int64_t n, const int64_t *off, float beta,
+                                      float *c, int64_t ldc, const mdl_epilogue *ep)
 {
     const int64_t half = cols == 8 ? ld : 8;
     for (int64_t j = 0; j < n; j += 16)
-        packed_rows(m, i0, i1, k, pa, b + mdl_rows_panel(j, cols, ld), off, half, beta, c + j,
-                    ldc, ep);
+        packed_rows(m, i0, i1, k, pa, lda, b + mdl_rows_panel(j, cols, ld), off, half, beta,
+                    c + j, ldc, ep);
 }
 #endif
