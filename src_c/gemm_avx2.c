@@ -203,7 +203,7 @@ epilogue_row(const mdl_epilogue *ep, int64_t row, __m256 *v0, __m256 *v1, __m256
         const __m256 k = _mm256_set1_ps(mean);
         const __m256 d0 = _mm256_and_ps(_mm256_sub_ps(*v0, k), m0);
         const __m256 d1 = _mm256_and_ps(_mm256_sub_ps(*v1, k), m1);
-        mdl_add_shifted_sums(_mm256_cvtss_f32(k), n, mdl_hsum_ps(_mm256_add_ps(d0, d1)),
+        mdl_add_shifted_sums(mean, n, mdl_hsum_ps(_mm256_add_ps(d0, d1)),
                              mdl_hsum_ps(_mm256_fmadd_ps(d0, d0, _mm256_mul_ps(d1, d1))),
                              ep->row_sum + row, ep->row_sumsq + row);
     }
