@@ -124,8 +124,9 @@ MDL_API mdl_status mdl_cuda_sgemm(int trans_a, int trans_b, int64_t m, int64_t n
 MDL_API mdl_status mdl_cuda_conv2d_output_size(const mdl_conv2d_shape *s,
                                                int64_t *h_out, int64_t *w_out);
 /* Bytes of device workspace for the split-K partial sums of backward_weights and
- * for the forward's channel sums, a pair of floats for each channel and tile of the
- * output (the larger of the two; backward_data needs none). */
+ * for the forward's channel sums, a pair of doubles for each channel and tile of the
+ * output from the workspace's first 8-byte boundary (the larger of the two;
+ * backward_data needs none). */
 MDL_API size_t mdl_cuda_conv2d_workspace_size(const mdl_conv2d_shape *s);
 /* y = conv(x, w) + bias; bias (c_out) may be NULL. */
 MDL_API mdl_status mdl_cuda_conv2d_forward(const mdl_conv2d_shape *s, const float *x,
