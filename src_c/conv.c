@@ -1251,7 +1251,7 @@ static void image_rows(const image_job *j, int64_t b, int64_t r0, int64_t r1, in
 }
 #endif
 
-/* The threads for per_image's split of an image's rows (of nt) */
+/* Of nt threads, those whose buffers per_image's workspace holds */
 static int split_threads(const conv_geom *g, size_t avail, int nt)
 {
     const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
@@ -1267,8 +1267,9 @@ static int splits_rows(const mdl_conv2d_shape *s, const conv_geom *g, int wino, 
 }
 
 /* y[b] (c_out, P) = pa @ col(in(x[b])) + beta * y[b] (beta 0 or 1) with the epilogue,
- * for every image b; pa is the packed weights, in the map x is read through (NULL:
- * none).  The threads take whole images, each with its own column matrix (K, P)
+ * for every image b; pa is the packed weights (or, with w not NULL, the space for them:
+ * where the threads split each image's rows, w is read as it is), in the map x is read
+ * through (NULL: none).  The threads take whole images, each with its own column matrix (K, P)
  * (none for a pointwise kernel: x[b] is its own column matrix) and packed B panel,
  * so nothing is shared while they run and the result does not depend on the thread
  * count.  Per-image channel sums go to sums (n, 2, c_out) and are added up over the
@@ -1283,10 +1284,8 @@ static void per_image(const mdl_conv2d_shape *s, const conv_geom *g, const float
 {
 #if MDL_X86
     const int64_t c_out = s->c_out, K = g->K, P = g->P;
-    const size_t fit = avail > g->fixed ? (avail - g->fixed) / g->per_thread : 1;
-    const int nr = split_threads(g, avail, nt);
-    if (nt > s->n) nt = (int)s->n;
-    if ((size_t)nt > fit) nt = (int)fit;
+    const int nr = split_threads(g, avail, nt); /* the threads the workspace holds */
+    nt = nr < s->n ? nr : (int)s->n;
     if (nt < 1) nt = 1;
     float *thread_ws = ws + g->fixed / sizeof(float);
     /* per thread: the padded image (B read in place) or the column matrix (none

@@ -16,7 +16,8 @@
  *                   (VL channels each) to channel k's 4 rows of 4 floats
  *   v_add_to_doubles(d, v)   the VL doubles at d += v
  *   v_add_shifted(sum, sumsq, k, s, q, n)   the VL doubles at sum and sumsq += the
- *                   sums of n values from their sums shifted by k (mdl_add_shifted_sums)
+ *                   sums of n values from their sums shifted by k (mdl_add_shifted_sums
+ *                   in vectors: lane by lane it cost resnet20's 16-channel forward 10%)
  *
  * The method is described in winograd_avx512.c. */
 #ifndef MDL_WINOGRAD_CHANNELS_H
